@@ -1,0 +1,222 @@
+"""Pieces every op shares: argument checks, sequence spans, capture tables, backend choice.
+
+Every public function validates all of its input with these before it allocates or writes
+anything, so rejected input leaves outputs, states and caches untouched.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+BACKENDS = ("auto", "triton", "torch")
+
+# Tests set this so that new outputs start as NaN and an element a kernel never writes fails.
+POISON_OUTPUTS = False
+
+
+def new_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised output tensor (NaN-filled while POISON_OUTPUTS is set)."""
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+class ScanResult(NamedTuple):
+    """What a scan returns.
+
+    y: the output, in the input's dtype and layout.
+    final_states: the state after the last token of each sequence, float32.
+    captured_states: one state per requested capture, in the order given, float32.
+    """
+
+    y: torch.Tensor
+    final_states: torch.Tensor
+    captured_states: torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor checks
+# ---------------------------------------------------------------------------------------------
+def check_tensor(name: str, t, dims: Sequence[tuple[str, int | None]], dtypes=None) -> torch.Tensor:
+    """Check that `t` is a tensor of the named shape (None matches any size) and dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    names = ", ".join(n for n, _ in dims)
+    if t.ndim != len(dims):
+        raise ValueError(f"{name} must have {len(dims)} dimensions ({names}), got shape {tuple(t.shape)}")
+    for axis, (dim_name, size) in enumerate(dims):
+        if size is not None and t.shape[axis] != size:
+            want = tuple("*" if s is None else s for _, s in dims)
+            raise ValueError(
+                f"{name} must have shape ({names}) = {want}, got {tuple(t.shape)} "
+                f"({dim_name} is {t.shape[axis]}, expected {size})"
+            )
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}; got {str(t.dtype).replace('torch.', '')}")
+    return t
+
+
+def check_same_device(**tensors) -> torch.device:
+    """All given tensors must live on one device (non-tensors are checked elsewhere); return it."""
+    present = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    first_name, first = next(iter(present.items()))
+    for name, t in present.items():
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; "
+                             "all tensors must be on one device")
+    return first.device
+
+
+def check_dt_limit(dt_limit) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise TypeError(f"dt_limit must be a pair of floats (min, max), got {dt_limit!r}") from None
+    if not lo <= hi:
+        raise ValueError(f"dt_limit must satisfy min <= max, got {dt_limit!r}")
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequences: a dense batch or a varlen batch packed along the time axis
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sequences:
+    """The sequences of one pass.
+
+    cu_seqlens: (nseq + 1,) int64 on the tensors' device: sequence s covers token offsets
+        [cu_seqlens[s], cu_seqlens[s + 1]) of the time axis in varlen mode; in dense mode it is
+        [0, seqlen, 2 * seqlen, ...] and sequence s is batch row s.
+    lengths: the same lengths on the host.
+    varlen: whether sequences are packed along the time axis of batch row 0.
+    """
+
+    cu_seqlens: torch.Tensor
+    lengths: list[int]
+    varlen: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths)
+
+    def spans(self):
+        """(batch row, first token, length) of each sequence."""
+        starts = self.cu_seqlens.tolist()
+        for s, length in enumerate(self.lengths):
+            yield (0, starts[s], length) if self.varlen else (s, 0, length)
+
+
+def make_sequences(batch: int, seqlen: int, cu_seqlens, device: torch.device) -> Sequences:
+    if cu_seqlens is None:
+        cu = torch.arange(batch + 1, dtype=torch.int64, device=device) * seqlen
+        return Sequences(cu, [seqlen] * batch, varlen=False)
+    check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}")
+    if batch != 1:
+        raise ValueError(f"a varlen batch (cu_seqlens given) must have batch size 1, got {batch}")
+    bounds = cu_seqlens.tolist()
+    if len(bounds) < 1 or bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[:1]}")
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    for s, length in enumerate(lengths):
+        if length < 0:
+            raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = {bounds[s + 1]} "
+                             f"< cu_seqlens[{s}] = {bounds[s]}")
+    if bounds[-1] != seqlen:
+        raise ValueError(f"cu_seqlens must end at seqlen = {seqlen}, got {bounds[-1]}")
+    return Sequences(cu_seqlens.to(torch.int64), lengths, varlen=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Captures: (sequence index, offset) pairs -> per-sequence sorted tables
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CaptureTable:
+    """Captures grouped by sequence, sorted by offset.
+
+    Sequence s owns entries [ptr[s], ptr[s + 1]); entry i asks for the state after offset[i]
+    tokens, written to row[i] of the capture buffer (its index in the caller's order).
+    All three are int64 tensors on the tensors' device; `entries` holds the same on the host.
+    """
+
+    ptr: torch.Tensor
+    offset: torch.Tensor
+    row: torch.Tensor
+    entries: list[tuple[int, int, int]]  # (sequence, offset, row), sorted
+
+    @property
+    def count(self) -> int:
+        return len(self.entries)
+
+
+def _capture_pairs(capture) -> list[tuple[int, int]]:
+    if capture is None:
+        return []
+    if isinstance(capture, torch.Tensor):
+        if capture.dtype.is_floating_point or capture.dtype.is_complex or capture.dtype == torch.bool:
+            raise TypeError(f"capture must be an integer tensor, got dtype {capture.dtype}")
+        if capture.numel() == 0:
+            return []
+        if capture.ndim != 2 or capture.shape[1] != 2:
+            raise ValueError(f"capture must have shape (ncapture, 2), got {tuple(capture.shape)}")
+        return [(int(s), int(k)) for s, k in capture.tolist()]
+    pairs = []
+    try:
+        items = list(capture)
+    except TypeError:
+        raise TypeError(f"capture must be an int tensor (ncapture, 2) or a sequence of "
+                        f"(sequence index, offset) pairs, got {type(capture).__name__}") from None
+    for i, item in enumerate(items):
+        try:
+            s, k = item
+            if isinstance(s, bool) or isinstance(k, bool):
+                raise TypeError
+            pairs.append((operator.index(s), operator.index(k)))
+        except (TypeError, ValueError):
+            raise TypeError(f"capture[{i}] must be a pair of ints (sequence index, offset), got {item!r}") from None
+    return pairs
+
+
+def make_capture_table(capture, seqs: Sequences, device: torch.device) -> CaptureTable:
+    pairs = _capture_pairs(capture)
+    for i, (s, k) in enumerate(pairs):
+        if not 0 <= s < seqs.count:
+            raise ValueError(f"capture[{i}] names sequence {s}, but the batch has {seqs.count} sequences")
+        if k < 0:
+            raise ValueError(f"capture offset {k} for sequence {s} is negative")
+        if k > seqs.lengths[s]:
+            raise ValueError(f"capture offset {k} for sequence {s} is past its length {seqs.lengths[s]}")
+    entries = sorted((s, k, row) for row, (s, k) in enumerate(pairs))
+    counts = [0] * (seqs.count + 1)
+    for s, _, _ in entries:
+        counts[s + 1] += 1
+    for s in range(seqs.count):
+        counts[s + 1] += counts[s]
+
+    def to_device(values):
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    return CaptureTable(to_device(counts), to_device([k for _, k, _ in entries]),
+                        to_device([r for _, _, r in entries]), entries)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend choice
+# ---------------------------------------------------------------------------------------------
+def resolve_backend(backend: str, device: torch.device, triton_runs_on_cpu: bool) -> str:
+    """'auto' is Triton on CUDA and the PyTorch path elsewhere."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and not (device.type == "cpu" and triton_runs_on_cpu):
+        raise ValueError(f"backend='triton' needs CUDA tensors (got {device.type} tensors); CPU tensors "
+                         "run through Triton only with TRITON_INTERPRET=1 set before triton is imported")
+    return backend

@@ -1,0 +1,93 @@
+"""Mamba-1 layout (mamba_ssm's selective_scan_fn), plus initial states, varlen and captures."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._common import (FLOAT_DTYPES, ScanResult, check_same_device, check_tensor, make_capture_table,
+                       make_sequences, new_output)
+from . import dispatch
+from .problem import ScanProblem
+from .triton_kernel import MAX_DSTATE
+
+F32 = (torch.float32,)
+
+
+def _as_rows(t, ngroups):
+    """(batch, dim, seqlen) -> the scan layout (batch, seqlen, ngroups, dim // ngroups), a view."""
+    return t.unflatten(1, (ngroups, -1)).permute(0, 3, 1, 2)
+
+
+def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
+                initial_states=None, cu_seqlens=None, capture=None, backend="auto") -> ScanResult:
+    """Selective scan in mamba_ssm's selective_scan_fn layout, with in-pass captures.
+
+    Per channel d (group g = d // (dim // ngroups)) and token t:
+        delta' = softplus(delta + delta_bias) if delta_softplus else delta + delta_bias
+        state[d] = exp(delta' * A[d]) * state[d] + delta' * u[d, t] * B[g, :, t]
+        y[d, t] = state[d] . C[g, :, t] + D[d] * u[d, t];  y *= silu(z[d, t]) when z is given.
+
+    Args:
+        u, delta: (batch, dim, seqlen), float32, float16 or bfloat16.
+        A: (dim, dstate) float32; dstate <= 256.
+        B, C: (batch, dstate, seqlen) or (batch, ngroups, dstate, seqlen), float, the same shape;
+            dim % ngroups == 0.
+        D, delta_bias: (dim,), float, optional.
+        z: (batch, dim, seqlen), optional gate.
+        initial_states: (nseq, dim, dstate) float32, optional (zeros).
+        cu_seqlens, capture, backend: as in mamba2_scan (sequences packed along seqlen).
+
+    Returns:
+        ScanResult(y: (batch, dim, seqlen) in u's dtype, final_states: (nseq, dim, dstate) float32,
+        captured_states: (ncapture, dim, dstate) float32).
+
+    Exact across splits, batching and captures, as mamba2_scan.
+    """
+    check_tensor("u", u, [("batch", None), ("dim", None), ("seqlen", None)], FLOAT_DTYPES)
+    batch, dim, seqlen = u.shape
+    check_tensor("delta", delta, [("batch", batch), ("dim", dim), ("seqlen", seqlen)], FLOAT_DTYPES)
+    check_tensor("A", A, [("dim", dim), ("dstate", None)], F32)
+    dstate = A.shape[1]
+    if getattr(B, "ndim", 0) == 3:
+        b_dims = [("batch", batch), ("dstate", dstate), ("seqlen", seqlen)]
+    else:
+        b_dims = [("batch", batch), ("ngroups", None), ("dstate", dstate), ("seqlen", seqlen)]
+    check_tensor("B", B, b_dims, FLOAT_DTYPES)
+    check_tensor("C", C, [(name, B.shape[i]) for i, (name, _) in enumerate(b_dims)], FLOAT_DTYPES)
+    ngroups = 1 if B.ndim == 3 else B.shape[1]
+    for name, size in (("dim", dim), ("dstate", dstate), ("ngroups", ngroups)):
+        if size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size}")
+    if dim % ngroups:
+        raise ValueError(f"dim ({dim}) must be a multiple of ngroups ({ngroups})")
+    if dstate > MAX_DSTATE:
+        raise ValueError(f"dstate {dstate} is beyond the kernel's limit of {MAX_DSTATE}")
+    for name, t in (("D", D), ("delta_bias", delta_bias)):
+        if t is not None:
+            check_tensor(name, t, [("dim", dim)], FLOAT_DTYPES)
+    if z is not None:
+        check_tensor("z", z, [("batch", batch), ("dim", dim), ("seqlen", seqlen)], FLOAT_DTYPES)
+    device = check_same_device(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
+                               initial_states=initial_states)
+    seqs = make_sequences(batch, seqlen, cu_seqlens, device)
+    if initial_states is not None:
+        check_tensor("initial_states", initial_states,
+                     [("nseq", seqs.count), ("dim", dim), ("dstate", dstate)], F32)
+    captures = make_capture_table(capture, seqs, device)
+    backend = dispatch.choose_backend(backend, device)
+
+    y = new_output(*u.shape, dtype=u.dtype, device=device)
+    final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device)
+    captured = new_output(captures.count, dim, dstate, dtype=torch.float32, device=device)
+    grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))  # (dim, ...) -> (G, P, ...)
+    bc_rows = lambda t: (t.unsqueeze(1) if t.ndim == 3 else t).permute(0, 3, 1, 2)  # (batch, seqlen, G, N)
+    states = lambda t: None if t is None else t.unflatten(1, (ngroups, -1))
+    dispatch.run(ScanProblem(
+        x=_as_rows(u, ngroups), dt=_as_rows(delta, ngroups), A=grouped(A), B=bc_rows(B), C=bc_rows(C),
+        D=grouped(D), z=None if z is None else _as_rows(z, ngroups), dt_bias=grouped(delta_bias),
+        dt_softplus=bool(delta_softplus), dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
+        state_in=states(initial_states), state_index=None, seqs=seqs, captures=captures,
+        y=_as_rows(y, ngroups), state_out=states(final_states), captured=states(captured),
+    ), backend)
+    return ScanResult(y, final_states, captured)

@@ -1,0 +1,169 @@
+"""Mamba-2 layout: mamba2_scan (a prefill pass) and selective_state_update (one decode token)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._common import (FLOAT_DTYPES, INDEX_DTYPES, ScanResult, check_dt_limit, check_same_device,
+                       check_tensor, make_capture_table, make_sequences, new_output)
+from . import dispatch
+from .problem import ScanProblem
+from .triton_kernel import MAX_DSTATE
+
+F32 = (torch.float32,)
+
+
+def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
+    """Validate Mamba-2 arguments; token_dims names the leading axes ((batch, seqlen) or (batch,)).
+
+    Returns (nheads, headdim, ngroups, dstate).
+    """
+    lead = [(name, None) for name in token_dims]
+    check_tensor("x", x, lead + [("nheads", None), ("headdim", None)], FLOAT_DTYPES)
+    sizes = list(zip(token_dims, x.shape))
+    nheads, headdim = x.shape[-2:]
+    check_tensor("dt", dt, sizes + [("nheads", nheads)], FLOAT_DTYPES)
+    check_tensor("A", A, [("nheads", nheads)], F32)
+    check_tensor("B", B, sizes + [("ngroups", None), ("dstate", None)], FLOAT_DTYPES)
+    ngroups, dstate = B.shape[-2:]
+    check_tensor("C", C, sizes + [("ngroups", ngroups), ("dstate", dstate)], FLOAT_DTYPES)
+    for name, size in (("nheads", nheads), ("headdim", headdim), ("ngroups", ngroups), ("dstate", dstate)):
+        if size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size}")
+    if nheads % ngroups:
+        raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
+    if dstate > MAX_DSTATE:
+        raise ValueError(f"dstate {dstate} is beyond the kernel's limit of {MAX_DSTATE}")
+    if D is not None:
+        dims = [("nheads", nheads)] if getattr(D, "ndim", 0) == 1 else [("nheads", nheads), ("headdim", headdim)]
+        check_tensor("D", D, dims, FLOAT_DTYPES)
+    if z is not None:
+        check_tensor("z", z, sizes + [("nheads", nheads), ("headdim", headdim)], FLOAT_DTYPES)
+    if dt_bias is not None:
+        check_tensor("dt_bias", dt_bias, [("nheads", nheads)], FLOAT_DTYPES)
+    return nheads, headdim, ngroups, dstate
+
+
+def _per_row(t, nheads, headdim):
+    """A per-head (nheads,) or per-row (nheads, headdim) parameter as (nheads, headdim)."""
+    if t is None:
+        return None
+    return (t.unsqueeze(-1) if t.ndim == 1 else t).expand(nheads, headdim)
+
+
+def _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, state_index,
+             seqs, captures, y, state_out, captured) -> ScanProblem:
+    """The scan layout for Mamba-2 tensors with a time axis: (batch, seqlen, nheads, headdim)."""
+    nheads, headdim = x.shape[2:]
+    dstate = B.shape[3]
+    return ScanProblem(
+        x=x, dt=dt.unsqueeze(-1).expand(*dt.shape, headdim),
+        A=A.view(nheads, 1, 1).expand(nheads, headdim, dstate), B=B, C=C,
+        D=_per_row(D, nheads, headdim), z=z, dt_bias=_per_row(dt_bias, nheads, headdim),
+        dt_softplus=bool(dt_softplus), dt_min=dt_limit[0], dt_max=dt_limit[1], a_per_state=False,
+        state_in=state_in, state_index=state_index, seqs=seqs, captures=captures,
+        y=y, state_out=state_out, captured=captured)
+
+
+def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+                dt_limit=(0.0, math.inf), initial_states=None, cu_seqlens=None, capture=None,
+                backend="auto") -> ScanResult:
+    """Selective scan over a prefill pass (Mamba-2 multi-head layout), with in-pass captures.
+
+    Per head h (group g = h // (nheads // ngroups)) and token t:
+        dt' = clamp(softplus(dt + dt_bias) if dt_softplus else dt + dt_bias, *dt_limit)
+        state = exp(dt' * A[h]) * state + dt' * x[t] (outer) B[t, g]
+        y[t] = state @ C[t, g] + D[h] * x[t];  y[t] *= silu(z[t]) when z is given.
+
+    Args:
+        x: (batch, seqlen, nheads, headdim) float32, float16 or bfloat16.
+        dt: (batch, seqlen, nheads), float.
+        A: (nheads,) float32.
+        B, C: (batch, seqlen, ngroups, dstate), float; nheads % ngroups == 0; dstate <= 256.
+        D: (nheads,) or (nheads, headdim), float, optional.
+        z: like x, optional gate.
+        dt_bias: (nheads,), float, optional.
+        dt_softplus: apply softplus to dt + dt_bias.
+        dt_limit: (min, max) clamp of dt'; the default (0, inf) maps negative dt' to 0.
+        initial_states: (nseq, nheads, headdim, dstate) float32, optional (zeros).
+        cu_seqlens: (nseq + 1,) int32/int64, optional: a varlen batch packed along seqlen
+            (batch must be 1; empty sequences allowed). nseq is batch without it.
+        capture: (ncapture, 2) int tensor or a sequence of (sequence index, offset) pairs with
+            0 <= offset <= that sequence's length; any order, duplicates allowed.
+        backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
+
+    Returns:
+        ScanResult(y: like x in x's dtype, final_states: (nseq, nheads, headdim, dstate) float32,
+        captured_states: (ncapture, nheads, headdim, dstate) float32, the state after the first
+        `offset` tokens of the named sequence, in the order given).
+
+    Exact: the same sequence gives bit-identical y and states however it is split into passes
+    (continuing from a captured state), batched, or captured, on one device and backend.
+    """
+    nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
+    dt_limit = check_dt_limit(dt_limit)
+    device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                               initial_states=initial_states)
+    seqs = make_sequences(x.shape[0], x.shape[1], cu_seqlens, device)
+    state_shape = [("nseq", seqs.count), ("nheads", nheads), ("headdim", headdim), ("dstate", dstate)]
+    if initial_states is not None:
+        check_tensor("initial_states", initial_states, state_shape, F32)
+    captures = make_capture_table(capture, seqs, device)
+    backend = dispatch.choose_backend(backend, device)
+
+    y = new_output(*x.shape, dtype=x.dtype, device=device)
+    final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
+    captured = new_output(captures.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
+    dispatch.run(_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
+                          seqs, captures, y, final_states, captured), backend)
+    return ScanResult(y, final_states, captured)
+
+
+def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           dt_limit=(0.0, math.inf), state_indices=None, backend="auto") -> torch.Tensor:
+    """One decode token for each batch row (Mamba-2 layout), updating `state` in place.
+
+    Args:
+        state: (nslots, nheads, headdim, dstate) float32, updated in place.
+        x: (batch, nheads, headdim); dt: (batch, nheads); A: (nheads,) float32;
+        B, C: (batch, ngroups, dstate); D: (nheads,) or (nheads, headdim); z: like x;
+        dt_bias: (nheads,); dt_softplus and dt_limit as in mamba2_scan.
+        state_indices: (batch,) int32/int64, distinct slots of `state` (default 0..batch-1).
+        backend: as in mamba2_scan.
+
+    Returns:
+        y: (batch, nheads, headdim) in x's dtype.
+
+    Bit-identical to a one-token mamba2_scan pass from the same state.
+    """
+    nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
+    dt_limit = check_dt_limit(dt_limit)
+    check_tensor("state", state, [("nslots", None), ("nheads", nheads), ("headdim", headdim),
+                                  ("dstate", dstate)], F32)
+    device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                               state_indices=state_indices)
+    batch, nslots = x.shape[0], state.shape[0]
+    if state_indices is None:
+        if batch > nslots:
+            raise ValueError(f"without state_indices the batch ({batch}) must not exceed the state's "
+                             f"slots ({nslots})")
+    else:
+        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+        slots = state_indices.tolist()
+        for i, slot in enumerate(slots):
+            if not 0 <= slot < nslots:
+                raise ValueError(f"state_indices[{i}] = {slot} is out of range for a state with {nslots} slots")
+        if len(set(slots)) != len(slots):
+            raise ValueError("state_indices must be distinct: two rows updating one slot would race")
+        state_indices = state_indices.to(torch.int64)
+    seqs = make_sequences(batch, 1, None, device)
+    captures = make_capture_table(None, seqs, device)
+    backend = dispatch.choose_backend(backend, device)
+
+    y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=device)
+    no_captures = new_output(0, nheads, headdim, dstate, dtype=torch.float32, device=device)
+    dispatch.run(_problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
+                          None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
+                          state, state_indices, seqs, captures, y, state, no_captures), backend)
+    return y[:, 0]

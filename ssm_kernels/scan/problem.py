@@ -1,0 +1,60 @@
+"""The one layout both scan backends run.
+
+Mamba-2 heads and Mamba-1 channels are the same recurrence seen through different views:
+a tile of rows (a head's headdim rows, or a group's channels) sharing B and C. The public
+functions turn their arguments into strided views of this layout without copying, so one Triton
+kernel and one PyTorch loop serve mamba2_scan, mamba1_scan and selective_state_update.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._common import CaptureTable, Sequences
+
+
+@dataclass
+class ScanProblem:
+    """A validated scan, its outputs allocated.
+
+    Inputs (views; dtype as given unless noted):
+        x, z: (batch, seqlen, nheads, headdim); z may be None.
+        dt: (batch, seqlen, nheads, headdim); Mamba-2 expands it along headdim (stride 0).
+        A: (nheads, headdim, dstate) float32. With a_per_state False only A[:, :, 0] is read
+            (Mamba-2: one decay per head); with True every entry is (Mamba-1).
+        B, C: (batch, seqlen, ngroups, dstate); head h uses group h // (nheads // ngroups).
+        D, dt_bias: (nheads, headdim) or None.
+        state_in: (nslots, nheads, headdim, dstate) float32, or None for zero initial states.
+        state_index: (nseq,) int64 or None: sequence s reads state_in[state_index[s]] and
+            writes state_out[state_index[s]]; None means slot s.
+    Outputs (written by the backend):
+        y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32;
+        captured: (ncapture, nheads, headdim, dstate) float32.
+    """
+
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    dt_softplus: bool
+    dt_min: float
+    dt_max: float
+    a_per_state: bool
+    state_in: torch.Tensor | None
+    state_index: torch.Tensor | None
+    seqs: Sequences
+    captures: CaptureTable
+    y: torch.Tensor
+    state_out: torch.Tensor
+    captured: torch.Tensor
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        """(nheads, headdim, dstate, ngroups)."""
+        _, _, nheads, headdim = self.x.shape
+        return nheads, headdim, self.A.shape[2], self.B.shape[2]

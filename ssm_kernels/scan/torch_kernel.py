@@ -1,0 +1,68 @@
+"""The PyTorch path of the recurrent scan, for CPU tensors.
+
+Same semantics and the same exactness as the Triton kernel: each token is one call of
+`token_step` on tensors whose shapes depend on the model dimensions alone. Vectorising over
+time or over the sequences of a batch would be faster, but PyTorch's CPU kernels compute an
+element of a transcendental (exp, softplus, silu) differently in a vector body and in its scalar
+tail, so the bits would then depend on where the pass starts and what is batched with it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .problem import ScanProblem
+
+
+def token_step(state, x, dt, B, C, z, A, D, dt_bias, p: ScanProblem):
+    """Advance a (nheads, headdim, dstate) float32 state by one token; return (state, y).
+
+    x, dt, z: (nheads, headdim); B, C: (nheads, dstate), already gathered per head.
+    A: (nheads, headdim, dstate), or (nheads, headdim) when one decay per head.
+    """
+    x = x.float()
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if p.dt_softplus:
+        dt = F.softplus(dt)  # threshold 20, as the kernel
+    dt = dt.clamp(p.dt_min, p.dt_max)
+    dA = torch.exp(dt.unsqueeze(-1) * A) if p.a_per_state else torch.exp(dt * A).unsqueeze(-1)
+    state = state * dA + (dt * x).unsqueeze(-1) * B.float().unsqueeze(1)
+    y = (state * C.float().unsqueeze(1)).sum(-1)
+    if D is not None:
+        y = y + D * x
+    if z is not None:
+        y = y * F.silu(z.float())
+    return state, y
+
+
+def run_torch(p: ScanProblem) -> None:
+    """Write p.y, p.state_out and p.captured, one sequence and one token at a time."""
+    nheads, headdim, dstate, ngroups = p.dims
+    device = p.x.device
+    group_of_head = torch.arange(nheads, device=device) // (nheads // ngroups)
+    A = p.A.float() if p.a_per_state else p.A[:, :, 0].float()
+    D = p.D.float() if p.D is not None else None
+    dt_bias = p.dt_bias.float() if p.dt_bias is not None else None
+    slots = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
+    captures = p.captures.entries  # sorted by (sequence, offset)
+    c = 0
+    for s, (b, start, length) in enumerate(p.seqs.spans()):
+        slot = slots[s]
+        if p.state_in is not None:
+            state = p.state_in[slot].float().clone()
+        else:
+            state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
+        for k in range(length + 1):
+            while c < len(captures) and captures[c][:2] == (s, k):
+                p.captured[captures[c][2]].copy_(state)
+                c += 1
+            if k == length:
+                break
+            t = start + k
+            state, y = token_step(
+                state, p.x[b, t], p.dt[b, t], p.B[b, t, group_of_head], p.C[b, t, group_of_head],
+                p.z[b, t] if p.z is not None else None, A, D, dt_bias, p)
+            p.y[b, t] = y
+        p.state_out[slot] = state

@@ -1,0 +1,39 @@
+"""Test set-up: Triton runs through its interpreter when there is no GPU.
+
+TRITON_INTERPRET must be set before triton is first imported, hence here, at the top.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+import ssm_kernels._common  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every output a kernel allocates starts as NaN, so an element it never writes fails a test."""
+    monkeypatch.setattr(ssm_kernels._common, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

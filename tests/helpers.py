@@ -1,0 +1,69 @@
+"""The one comparison helper (relative error against float64) and shared input makers."""
+from __future__ import annotations
+
+import torch
+
+# RMS-relative error allowed against the float64 reference, per input dtype.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """RMS of the difference over RMS of the float64 reference."""
+    diff = actual.double() - expected.double()
+    scale = expected.double().pow(2).mean().sqrt()
+    return (diff.pow(2).mean().sqrt() / scale.clamp_min(1e-300)).item()
+
+
+def assert_rel_close(actual, expected, tol, name="tensor"):
+    """Fail with the error and the first mismatching elements when the RMS-relative error > tol."""
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if not torch.isfinite(actual).all():
+        bad = (~torch.isfinite(actual)).nonzero()[:5].tolist()
+        raise AssertionError(f"{name}: non-finite values (unwritten outputs?) at {bad}")
+    err = rel_error(actual, expected)
+    if err > tol:
+        diff = (actual.double() - expected.double()).abs()
+        worst = diff.flatten().topk(min(5, diff.numel())).indices
+        report = [(tuple(int(i) for i in torch.unravel_index(w, diff.shape)),
+                   actual.flatten()[w].item(), expected.flatten()[w].item()) for w in worst]
+        raise AssertionError(f"{name}: RMS-relative error {err:.3e} > {tol:.1e}; worst (index, got, want): {report}")
+
+
+def mamba2_inputs(batch, seqlen, nheads=4, headdim=8, ngroups=2, dstate=16, *, dtype=torch.float32,
+                  device="cpu", D_per_row=False, nseq=None):
+    """Random Mamba-2 inputs and all optional tensors, as keyword arguments of mamba2_scan."""
+    nseq = batch if nseq is None else nseq
+    f = lambda *shape: torch.randn(*shape, device=device).to(dtype)
+    return dict(
+        x=f(batch, seqlen, nheads, headdim), dt=f(batch, seqlen, nheads) * 0.5,
+        A=-(torch.rand(nheads, device=device) + 0.5),
+        B=f(batch, seqlen, ngroups, dstate), C=f(batch, seqlen, ngroups, dstate),
+        D=torch.randn(nheads, headdim, device=device) if D_per_row else torch.randn(nheads, device=device),
+        z=f(batch, seqlen, nheads, headdim), dt_bias=torch.randn(nheads, device=device) * 0.5,
+        initial_states=torch.randn(nseq, nheads, headdim, dstate, device=device),
+    )
+
+
+def mamba1_inputs(batch, seqlen, dim=12, dstate=8, ngroups=None, *, dtype=torch.float32, device="cpu", nseq=None):
+    """Random Mamba-1 inputs (selective_scan_fn layout) as keyword arguments of mamba1_scan."""
+    nseq = batch if nseq is None else nseq
+    f = lambda *shape: torch.randn(*shape, device=device).to(dtype)
+    bc = (batch, dstate, seqlen) if ngroups is None else (batch, ngroups, dstate, seqlen)
+    return dict(
+        u=f(batch, dim, seqlen), delta=f(batch, dim, seqlen) * 0.5,
+        A=-(torch.rand(dim, dstate, device=device) + 0.5), B=f(*bc), C=f(*bc),
+        D=torch.randn(dim, device=device), z=f(batch, dim, seqlen),
+        delta_bias=torch.randn(dim, device=device) * 0.5,
+        initial_states=torch.randn(nseq, dim, dstate, device=device),
+    )
+
+
+def mamba2_positional(kw):
+    """Split mamba2_inputs into (positional tuple, keyword dict)."""
+    kw = dict(kw)
+    return tuple(kw.pop(k) for k in ("x", "dt", "A", "B", "C")), kw
+
+
+def mamba1_positional(kw):
+    kw = dict(kw)
+    return tuple(kw.pop(k) for k in ("u", "delta", "A", "B", "C")), kw

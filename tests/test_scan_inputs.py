@@ -1,0 +1,144 @@
+"""Bad input is rejected with an error naming the argument, and writes nothing."""
+import pytest
+import torch
+
+from helpers import mamba1_inputs, mamba1_positional, mamba2_inputs, mamba2_positional
+from ssm_kernels import mamba1_scan, mamba2_scan, selective_state_update
+from ssm_kernels._common import resolve_backend
+
+
+def m2(**changes):
+    """Valid mamba2_scan arguments (2 sequences of 5 tokens) with `changes` applied."""
+    args, kw = mamba2_positional(mamba2_inputs(2, 5))
+    named = dict(zip(("x", "dt", "A", "B", "C"), args), **kw)
+    named.update(changes)
+    return named
+
+
+def call_m2(**changes):
+    named = m2(**changes)
+    args = [named.pop(k) for k in ("x", "dt", "A", "B", "C")]
+    return mamba2_scan(*args, **named)
+
+
+CASES = [
+    # (changes, error type, message fragment)
+    (dict(x=torch.randn(2, 5, 4)), ValueError, "x must have 4 dimensions"),
+    (dict(x=torch.ones(2, 5, 4, 8, dtype=torch.int32)), TypeError, "x must have dtype"),
+    (dict(x=[1.0]), TypeError, "x must be a torch.Tensor"),
+    (dict(dt=torch.randn(2, 6, 4)), ValueError, r"dt must have shape .*seqlen is 6, expected 5"),
+    (dict(dt=torch.randn(3, 5, 4)), ValueError, r"dt .*batch is 3, expected 2"),
+    (dict(A=torch.randn(4, dtype=torch.float64)), TypeError, "A must have dtype float32"),
+    (dict(A=torch.randn(3)), ValueError, r"A must have shape .*nheads is 3, expected 4"),
+    (dict(B=torch.randn(2, 5, 3, 16), C=torch.randn(2, 5, 3, 16)), ValueError, r"nheads \(4\) must be a multiple of ngroups \(3\)"),
+    (dict(C=torch.randn(2, 5, 1, 16)), ValueError, r"C must have shape .*ngroups is 1, expected 2"),
+    (dict(B=torch.randn(2, 5, 2, 300), C=torch.randn(2, 5, 2, 300), initial_states=None), ValueError,
+     "dstate 300 is beyond the kernel's limit of 256"),
+    (dict(D=torch.randn(5)), ValueError, r"D must have shape"),
+    (dict(D=torch.randn(4, 7)), ValueError, r"D must have shape .*headdim is 7, expected 8"),
+    (dict(z=torch.randn(2, 5, 4, 7)), ValueError, "z must have shape"),
+    (dict(dt_bias=torch.randn(4, 1)), ValueError, "dt_bias must have 1 dimensions"),
+    (dict(dt_limit=(1.0, 0.5)), ValueError, "dt_limit must satisfy min <= max"),
+    (dict(dt_limit=3.0), TypeError, "dt_limit must be a pair"),
+    (dict(initial_states=torch.randn(3, 4, 8, 16)), ValueError, r"initial_states .*nseq is 3, expected 2"),
+    (dict(initial_states=torch.randn(2, 4, 8, 16).half()), TypeError, "initial_states must have dtype float32"),
+    (dict(dt=torch.randn(2, 5, 4, device="meta")), ValueError, "dt is on meta but x is on cpu"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 10])), ValueError, "varlen batch .* must have batch size 1, got 2"),
+    (dict(capture=[(0, 6)]), ValueError, "capture offset 6 for sequence 0 is past its length 5"),
+    (dict(capture=[(1, -1)]), ValueError, "capture offset -1 for sequence 1 is negative"),
+    (dict(capture=[(2, 0)]), ValueError, r"capture\[0\] names sequence 2, but the batch has 2 sequences"),
+    (dict(capture=torch.tensor([[0.0, 1.0]])), TypeError, "capture must be an integer tensor"),
+    (dict(capture=torch.tensor([[0, 1, 2]])), ValueError, r"capture must have shape \(ncapture, 2\)"),
+    (dict(capture=[(0, 1), 3]), TypeError, r"capture\[1\] must be a pair of ints"),
+    (dict(capture=[(0, 1.5)]), TypeError, r"capture\[0\] must be a pair of ints"),
+    (dict(capture=5), TypeError, "capture must be an int tensor"),
+    (dict(backend="cuda"), ValueError, "backend must be one of"),
+]
+
+
+@pytest.mark.parametrize("changes, error, message", CASES, ids=[c[2][:40] for c in CASES])
+def test_mamba2_scan_rejects(changes, error, message):
+    with pytest.raises(error, match=message):
+        call_m2(**changes)
+
+
+def varlen_call(cu, seqlen=10):
+    args, kw = mamba2_positional(mamba2_inputs(1, seqlen, nseq=len(cu) - 1))
+    return mamba2_scan(*args, **kw, cu_seqlens=torch.tensor(cu))
+
+
+@pytest.mark.parametrize("cu, message", [
+    ([1, 4, 10], "cu_seqlens must start at 0"),
+    ([0, 6, 4, 10], r"cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 4 < cu_seqlens\[1\] = 6"),
+    ([0, 4, 9], "cu_seqlens must end at seqlen = 10, got 9"),
+])
+def test_bad_cu_seqlens(cu, message):
+    with pytest.raises(ValueError, match=message):
+        varlen_call(cu)
+
+
+def test_cu_seqlens_dtype():
+    args, kw = mamba2_positional(mamba2_inputs(1, 4, nseq=1))
+    with pytest.raises(TypeError, match="cu_seqlens must have dtype int32, int64"):
+        mamba2_scan(*args, **kw, cu_seqlens=torch.tensor([0.0, 4.0]))
+
+
+def test_capture_offset_checked_against_its_own_sequence():
+    with pytest.raises(ValueError, match="capture offset 4 for sequence 1 is past its length 3"):
+        args, kw = mamba2_positional(mamba2_inputs(1, 10, nseq=2))
+        mamba2_scan(*args, **kw, cu_seqlens=torch.tensor([0, 7, 10]), capture=[(0, 7), (1, 4)])
+
+
+def test_triton_backend_needs_cuda_or_the_interpreter():
+    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+        resolve_backend("triton", torch.device("cpu"), triton_runs_on_cpu=False)
+    assert resolve_backend("auto", torch.device("cpu"), triton_runs_on_cpu=True) == "torch"
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(u=torch.randn(2, 12)), ValueError, "u must have 3 dimensions"),
+    (dict(delta=torch.randn(2, 12, 4)), ValueError, r"delta .*seqlen is 4, expected 11"),
+    (dict(A=torch.randn(12, 8).double()), TypeError, "A must have dtype float32"),
+    (dict(B=torch.randn(2, 5, 8, 11), C=torch.randn(2, 5, 8, 11)), ValueError, r"dim \(12\) must be a multiple of ngroups \(5\)"),
+    (dict(C=torch.randn(2, 2, 8, 11)), ValueError, "C must have 3 dimensions"),
+    (dict(B=torch.randn(2, 7, 11)), ValueError, r"B must have shape .*dstate is 7, expected 8"),
+    (dict(D=torch.randn(11)), ValueError, r"D must have shape .*dim is 11, expected 12"),
+    (dict(initial_states=torch.randn(2, 12, 4)), ValueError, r"initial_states .*dstate is 4, expected 8"),
+    (dict(capture=[(0, 12)]), ValueError, "capture offset 12 for sequence 0 is past its length 11"),
+])
+def test_mamba1_scan_rejects(changes, error, message):
+    args, kw = mamba1_positional(mamba1_inputs(2, 11))
+    named = dict(zip(("u", "delta", "A", "B", "C"), args), **kw)
+    named.update(changes)
+    args = [named.pop(k) for k in ("u", "delta", "A", "B", "C")]
+    with pytest.raises(error, match=message):
+        mamba1_scan(*args, **named)
+
+
+def decode_args(batch=3):
+    kw = mamba2_inputs(batch, 1)
+    return dict(state=torch.randn(4, 4, 8, 16), x=kw["x"][:, 0], dt=kw["dt"][:, 0], A=kw["A"],
+                B=kw["B"][:, 0], C=kw["C"][:, 0], D=kw["D"], dt_bias=kw["dt_bias"])
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(state_indices=torch.tensor([0, 4, 1])), ValueError, r"state_indices\[1\] = 4 is out of range for a state with 4 slots"),
+    (dict(state_indices=torch.tensor([0, -1, 1])), ValueError, r"state_indices\[1\] = -1 is out of range"),
+    (dict(state_indices=torch.tensor([2, 2, 1])), ValueError, "state_indices must be distinct"),
+    (dict(state_indices=torch.tensor([0, 1])), ValueError, r"state_indices .*batch is 2, expected 3"),
+    (dict(state_indices=torch.tensor([0.0, 1.0, 2.0])), TypeError, "state_indices must have dtype"),
+    (dict(state=torch.randn(4, 4, 8, 16).double()), TypeError, "state must have dtype float32"),
+    (dict(state=torch.randn(2, 4, 8, 16)), ValueError, r"the batch \(3\) must not exceed the state's slots \(2\)"),
+    (dict(x=torch.randn(3, 4, 9)), ValueError, r"state must have shape .*headdim is 8, expected 9"),
+    (dict(B=torch.randn(3, 2, 8)), ValueError, r"C must have shape .*dstate is 16, expected 8"),
+    (dict(dt=torch.randn(3, 4, 1)), ValueError, "dt must have 2 dimensions"),
+])
+def test_selective_state_update_rejects_and_leaves_state_untouched(changes, error, message):
+    named = decode_args()
+    named.update(changes)
+    state = named["state"]
+    before = state.clone()
+    args = [named.pop(k) for k in ("state", "x", "dt", "A", "B", "C")]
+    with pytest.raises(error, match=message):
+        selective_state_update(*args, **named)
+    assert torch.equal(state, before)
