@@ -1,0 +1,202 @@
+"""The trace simulator, its cost model and the trace generators."""
+
+import json
+import random
+
+import pytest
+
+from planner import (
+    CostModel,
+    agentic_branching,
+    default_traces,
+    multi_turn_chat,
+    shared_system_prompts,
+    simulate,
+)
+from planner.traces import DIVERGING_SUFFIX
+
+SEED_SERVE = dict(block_size=16, budget=8192, first_budget=8193, interval=32)
+
+
+def random_prompt(count, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(32000) for _ in range(count)]
+
+
+INCIDENT_PROMPT = random_prompt(32772, seed=0)
+
+
+@pytest.mark.parametrize(
+    "policy, stored, restore, computed, ssm_replay, warm_passes",
+    [
+        # 32769 lies in the prompt's trailing partial block: legacy keeps only 3 snapshots.
+        ("legacy", 3, 24577, 8195, 8191, 2),
+        ("split", 4, 32752, 20, 16, 1),
+        ("inpass", 5, 32768, 4, 0, 1),
+        ("free", 65, 32768, 4, 0, 1),
+    ],
+)
+def test_incident_repeated_byte_identical(policy, stored, restore, computed, ssm_replay,
+                                          warm_passes):
+    report = simulate([INCIDENT_PROMPT, INCIDENT_PROMPT], policy=policy, **SEED_SERVE)
+    cold, warm = report.requests
+    assert (cold.restore_point, cold.tokens_computed, cold.passes) == (0, 32772, 5)
+    assert cold.extra_passes == 0 and cold.snapshots_stored == stored
+    assert warm.matched_tokens == 32768
+    assert (warm.restore_point, warm.tokens_computed, warm.ssm_replay_tokens) == (
+        restore, computed, ssm_replay)
+    assert (warm.passes, warm.extra_passes) == (warm_passes, 0)
+    assert report.totals.hits == 1 and report.totals.hit_rate == 0.5
+
+
+def test_cost_model_reproduces_the_incident():
+    report = simulate([INCIDENT_PROMPT, INCIDENT_PROMPT], policy="legacy", **SEED_SERVE)
+    assert report.requests[1].modeled_ms == pytest.approx(12_500)
+    model = CostModel()
+    assert model.per_pass_ms == 868
+    assert model.per_token_ms == pytest.approx(1.3135, abs=1e-4)
+    assert CostModel(per_token_ms=2, per_pass_ms=10).prefill_ms(100, 3) == 230
+
+
+@pytest.mark.parametrize(
+    "policy, passes, extra, restore, computed",
+    [("legacy", 2, 1, 4976, 24), ("split", 2, 1, 4976, 24), ("inpass", 1, 0, 4976, 24),
+     ("free", 1, 0, 4992, 8)],
+)
+def test_5000_token_prompt_twice(policy, passes, extra, restore, computed):
+    prompt = random_prompt(5000, seed=1)
+    cold, warm = simulate([prompt, prompt], policy=policy, block_size=16, budget=8192).requests
+    assert (cold.passes, cold.extra_passes) == (passes, extra)
+    assert (warm.matched_tokens, warm.restore_point, warm.tokens_computed) == (
+        4992, restore, computed)
+
+
+def test_free_captures_the_branch_point():
+    context = random_prompt(1000, seed=2)
+    branches = [context + random_prompt(300, seed=3 + i) for i in range(3)]
+    kwargs = dict(block_size=16, budget=8192)
+    free = simulate(branches, policy="free", **kwargs).requests
+    inpass = simulate(branches, policy="inpass", **kwargs).requests
+    # The second branch leaves the tree at 992 (1000 floored) and captures there; the third
+    # restores exactly at its match. Without branch captures it restores at a tail point of
+    # an earlier branch, which lies past the shared context: nothing.
+    assert free[1].branch_point == 992 and free[2].restore_point == 992
+    assert free[2].ssm_replay_tokens == 0
+    assert inpass[2].restore_point == 0 and inpass[2].ssm_replay_tokens == 992
+
+
+def test_totals_add_up_and_serialize():
+    trace = multi_turn_chat(conversations=2, turns=3, system_tokens=500, seed=4)
+    report = simulate(trace, policy="split", max_snapshots=3, eviction="utility", **SEED_SERVE)
+    totals = report.totals
+    assert totals.requests == len(trace) == 6
+    assert totals.prompt_tokens == trace.prompt_tokens
+    assert totals.tokens_computed == sum(r.tokens_computed for r in report.requests)
+    assert totals.modeled_ms == pytest.approx(sum(r.modeled_ms for r in report.requests))
+    assert totals.snapshots_stored - totals.snapshots_evicted == totals.snapshots_held <= 3
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["policy"] == "split" and len(data["requests"]) == 6
+    assert data["cost_model"]["per_pass_ms"] == 868
+
+
+def test_default_traces_under_every_policy():
+    for trace in default_traces(seed=5):
+        reports = {policy: simulate(trace, policy=policy, **SEED_SERVE)
+                   for policy in ("legacy", "split", "inpass", "free")}
+        assert all(r.extra_passes == 0 for r in reports["free"].requests)
+        for report in reports.values():
+            for request in report.requests:
+                assert request.restore_point <= request.matched_tokens < request.prompt_tokens
+        # The same prompts are matched the same way whatever the policy.
+        matched = {p: r.totals.matched_tokens for p, r in reports.items()}
+        assert len(set(matched.values())) == 1
+
+
+# -- traces --------------------------------------------------------------------------------
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_chat_turns_diverge_inside_the_previous_prompt_tail():
+    trace = multi_turn_chat(conversations=2, turns=3, seed=6)
+    assert len(trace) == 6
+    by_conversation = [trace.requests[0::2], trace.requests[1::2]]
+    for turns in by_conversation:
+        for earlier, later in zip(turns, turns[1:]):
+            assert len(later) > len(earlier)
+            assert common_prefix(earlier, later) == len(earlier) - DIVERGING_SUFFIX
+    assert common_prefix(by_conversation[0][0], by_conversation[1][0]) < 10
+
+
+def test_system_prompt_trace_shares_few_prefixes():
+    trace = shared_system_prompts(requests=20, system_prompts=2, system_tokens=(100, 200),
+                                  seed=7)
+    assert len(trace) == 20
+    assert len({request[:100] for request in trace}) <= 2
+
+
+def test_agent_branches_share_their_context():
+    trace = agentic_branching(contexts=2, branches=3, context_tokens=(500, 500), seed=8)
+    assert len(trace) == 6
+    groups = {}
+    for request in trace:
+        groups.setdefault(request[:500], []).append(request)
+    assert sorted(len(group) for group in groups.values()) == [3, 3]
+    for group in groups.values():
+        assert all(common_prefix(group[0], other) >= 500 for other in group[1:])
+
+
+def test_traces_are_seeded():
+    assert multi_turn_chat(seed=1).requests == multi_turn_chat(seed=1).requests
+    assert multi_turn_chat(seed=1).requests != multi_turn_chat(seed=2).requests
+    assert [len(t) for t in default_traces(scale=2)] == [2 * len(t) for t in default_traces()]
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        (dict(policy="best"), ValueError, "policy"),
+        (dict(block_size=0), ValueError, "block_size"),
+        (dict(budget=-1), ValueError, "budget"),
+        (dict(first_budget=0), ValueError, "first_budget"),
+        (dict(interval=-2), ValueError, "interval"),
+        (dict(max_snapshots=-1), ValueError, "max_snapshots"),
+        (dict(eviction="random"), ValueError, "eviction"),
+        (dict(cost_model={"per_token_ms": 1}), TypeError, "cost_model"),
+    ],
+)
+def test_simulate_rejects_bad_arguments(kwargs, error, name):
+    args = {"policy": "split", "block_size": 16, "budget": 64, **kwargs}
+    with pytest.raises(error, match=name):
+        simulate([[1, 2, 3]], **args)
+
+
+def test_simulate_rejects_bad_requests():
+    with pytest.raises(ValueError, match="request 1"):
+        simulate([[1, 2], []], policy="split", block_size=16, budget=64)
+    with pytest.raises(TypeError, match="request 0"):
+        simulate([5], policy="split", block_size=16, budget=64)
+    with pytest.raises(ValueError, match="per_pass_ms"):
+        CostModel(per_pass_ms=-1)
+
+
+@pytest.mark.parametrize(
+    "make, error, name",
+    [
+        (lambda: multi_turn_chat(turns=0), ValueError, "turns"),
+        (lambda: multi_turn_chat(message_tokens=(10, 5)), ValueError, "message_tokens"),
+        (lambda: shared_system_prompts(user_tokens=[1, 2]), TypeError, "user_tokens"),
+        (lambda: agentic_branching(branches=-1), ValueError, "branches"),
+        (lambda: agentic_branching(vocab_size=4), ValueError, "vocab_size"),
+        (lambda: default_traces(scale=0), ValueError, "scale"),
+    ],
+)
+def test_trace_generators_reject_bad_sizes(make, error, name):
+    with pytest.raises(error, match=name):
+        make()
