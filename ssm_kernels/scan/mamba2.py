@@ -7,6 +7,7 @@ import torch
 
 from .._common import (FLOAT_DTYPES, INDEX_DTYPES, ScanResult, check_dt_limit, check_same_device,
                        check_tensor, make_capture_table, make_sequences, new_output)
+from .. import chunked
 from . import dispatch
 from .problem import ScanProblem
 from .triton_kernel import MAX_DSTATE
@@ -68,7 +69,7 @@ def _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, sta
 
 def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
                 dt_limit=(0.0, math.inf), initial_states=None, cu_seqlens=None, capture=None,
-                backend="auto") -> ScanResult:
+                backend="auto", algorithm="recurrent", chunk_size=None) -> ScanResult:
     """Selective scan over a prefill pass (Mamba-2 multi-head layout), with in-pass captures.
 
     Per head h (group g = h // (nheads // ngroups)) and token t:
@@ -92,14 +93,22 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         capture: (ncapture, 2) int tensor or a sequence of (sequence index, offset) pairs with
             0 <= offset <= that sequence's length; any order, duplicates allowed.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
+        algorithm: "recurrent" (default; exact, one token at a time), "chunked" (matmuls inside
+            chunks; fast on GPU for long passes, accurate to rounding but not bit-identical across
+            splits) or "auto" (recurrent on CPU; on CUDA chunked when the longest sequence has at
+            least ssm_kernels.chunked.AUTO_CHUNKED_MIN_TOKENS tokens). See ssm_kernels.chunked.
+        chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
+            (default 256); the chunk grid restarts at each sequence start. Ignored by "recurrent".
 
     Returns:
         ScanResult(y: like x in x's dtype, final_states: (nseq, nheads, headdim, dstate) float32,
         captured_states: (ncapture, nheads, headdim, dstate) float32, the state after the first
         `offset` tokens of the named sequence, in the order given).
 
-    Exact: the same sequence gives bit-identical y and states however it is split into passes
-    (continuing from a captured state), batched, or captured, on one device and backend.
+    Exact (algorithm="recurrent"): the same sequence gives bit-identical y and states however it is
+    split into passes (continuing from a captured state), batched, or captured, on one device and
+    backend. The chunked algorithm keeps only the last two: captures leave y and final states
+    bit-identical, but its rounding depends on the chunk grid, so splits agree to rounding only.
     """
     nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
     dt_limit = check_dt_limit(dt_limit)
@@ -111,12 +120,18 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         check_tensor("initial_states", initial_states, state_shape, F32)
     captures = make_capture_table(capture, seqs, device)
     backend = dispatch.choose_backend(backend, device)
+    algorithm = chunked.resolve_algorithm(algorithm, device, seqs)
+    chunk_size = chunked.check_chunk_size(chunk_size)
 
     y = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
     captured = new_output(captures.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
-    dispatch.run(_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
-                          seqs, captures, y, final_states, captured), backend)
+    problem = _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
+                       seqs, captures, y, final_states, captured)
+    if algorithm == "chunked":
+        chunked.run(problem, backend, chunk_size)
+    else:
+        dispatch.run(problem, backend)
     return ScanResult(y, final_states, captured)
 
 

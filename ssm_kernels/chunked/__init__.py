@@ -1,0 +1,80 @@
+"""The chunked Mamba-2 scan: a fast, non-exact path of mamba2_scan (algorithm="chunked").
+
+Algorithms of mamba2_scan:
+- "recurrent" (the default): one token at a time, exact. Any split into passes, any batching and
+  any captures give bit-identical y and states.
+- "chunked": the SSD algorithm (matmuls inside chunks of `chunk_size` tokens, states passed
+  between chunks), as in mamba_ssm's mamba_chunk_scan_combined, but it also returns the state at
+  any offset, not just at chunk boundaries. Captures cost O(chunk) work each and never change y or
+  the final states (bit-identical with and without them). It is NOT bit-identical across splits:
+  its rounding depends on the chunk grid, which restarts at each pass and sequence start, so a
+  warm restore from a captured state matches the cold run to rounding (within the accuracy
+  below), not bitwise.
+  Accuracy against float64 (RMS-relative): float32 inputs use full-precision (IEEE fp32, no tf32)
+  matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in their dtype with fp32
+  accumulation and stay within 1e-2. Intermediate and returned states are float32.
+  backend="triton" runs the Triton kernels (triton_kernels.py); backend="torch" runs the same
+  algorithm in PyTorch (torch_chunked.py; float32 matmuls whatever the input dtype).
+- "auto": "recurrent" for CPU tensors; for CUDA tensors "chunked" when the longest sequence of
+  the pass has at least AUTO_CHUNKED_MIN_TOKENS tokens, else "recurrent".
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .._common import Sequences
+from .plan import ChunkPlan, make_plan
+from .torch_chunked import run_chunked_torch
+from .triton_kernels import run_chunked_triton
+
+ALGORITHMS = ("recurrent", "chunked", "auto")
+DEFAULT_CHUNK_SIZE = 256
+MAX_CHUNK_SIZE = 1024
+# "auto" picks the chunked path on CUDA from this many tokens in the longest sequence of the pass.
+# A first estimate from reasoning, not a measurement. The reasoning:
+# the recurrent kernel walks a sequence one token at a time, each step a chain of dependent loads,
+# exp and a reduction, so its time grows with the longest sequence at a latency-bound cost per
+# token; the chunked path pays about five kernel launches and one chunk's matmuls up front, then
+# its sequential part is one state update per chunk instead of per token. We expect the two to
+# cross within the first chunk or two, and take one default chunk (256 tokens). Re-measure it on
+# the target GPU with a sweep of mamba2_scan over pass lengths for both algorithms (bench/) and
+# replace this value with the measured crossover.
+AUTO_CHUNKED_MIN_TOKENS = 256
+
+
+def check_chunk_size(chunk_size) -> int:
+    """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
+    if chunk_size is None:
+        return DEFAULT_CHUNK_SIZE
+    if isinstance(chunk_size, bool):
+        raise TypeError(f"chunk_size must be an int, got {chunk_size!r}")
+    try:
+        size = operator.index(chunk_size)
+    except TypeError:
+        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
+    if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
+        raise ValueError(f"chunk_size must be a power of two from 16 (the smallest tl.dot tile) to "
+                         f"{MAX_CHUNK_SIZE}, got {size}")
+    return size
+
+
+def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
+    """Validate `algorithm` and resolve "auto" to "recurrent" or "chunked" (see the module doc)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm != "auto":
+        return algorithm
+    longest = max(seqs.lengths, default=0)
+    return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
+
+
+def run(problem, backend: str, chunk_size: int) -> None:
+    """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend."""
+    plan = make_plan(problem.seqs, problem.captures, chunk_size, problem.x.device)
+    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
+
+
+__all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkPlan",
+           "check_chunk_size", "resolve_algorithm", "run"]

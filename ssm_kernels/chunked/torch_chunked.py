@@ -1,0 +1,74 @@
+"""The chunked Mamba-2 scan in PyTorch: the same algorithm as the Triton kernels, written out.
+
+For CPU users (a faster, non-exact alternative to the recurrent loop) and as the readable
+statement of what the kernels compute. Per sequence, chunk by chunk (the grid of ChunkPlan),
+in float32 whatever the input dtype:
+
+    cs = cumsum(dt' * A) inside the chunk                                  (L, H)
+    y_i = exp(cs_i) C_i S0 + sum_{j <= i} (C_i . B_j) exp(cs_i - cs_j) dt'_j x_j   (+ D x, * silu z)
+    state after j tokens = exp(cs_{j-1}) S0 + sum_{i < j} exp(cs_{j-1} - cs_i) dt'_i x_i (outer) B_i
+
+Captures use the last formula from the chunk-start state, apart from y and the final state.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..scan.problem import ScanProblem
+from .plan import ChunkPlan
+
+
+def _state_after(S0, cs, dt, x, B, j):
+    """The state after the chunk's first j tokens, from its start state S0 (H, P, N)."""
+    if j == 0:
+        return S0.clone()
+    w = torch.exp(cs[j - 1] - cs[:j]) * dt[:j]  # (j, H)
+    return torch.exp(cs[j - 1])[:, None, None] * S0 + torch.einsum("jh,jhp,jhn->hpn", w, x[:j], B[:j])
+
+
+def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
+    """Write p.y, p.state_out and p.captured, one sequence and one chunk at a time."""
+    assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
+    nheads, headdim, dstate, ngroups = p.dims
+    device = p.x.device
+    group = torch.arange(nheads, device=device) // (nheads // ngroups)
+    A = p.A[:, 0, 0].float()
+    D = p.D.float() if p.D is not None else None  # (H, P)
+    inner = {}
+    for row, c, j in plan.inner_list:
+        inner.setdefault(c, []).append((row, j))
+    seq_chunks = plan.seq_chunks.tolist()
+    for s in range(p.seqs.count):
+        if p.state_in is not None:
+            state = p.state_in[s].float().clone()
+        else:
+            state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
+        for c in range(seq_chunks[s], seq_chunks[s + 1]):
+            b, t0, n = plan.chunk_list[c]
+            tok = slice(t0, t0 + n)
+            x = p.x[b, tok].float()  # (L, H, P)
+            B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N)
+            dt = p.dt[b, tok, :, 0].float()  # (L, H)
+            if p.dt_bias is not None:
+                dt = dt + p.dt_bias[:, 0].float()
+            if p.dt_softplus:
+                dt = F.softplus(dt)
+            dt = dt.clamp(p.dt_min, p.dt_max)
+            cs = torch.cumsum(dt * A, dim=0)  # (L, H)
+            causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()[:, :, None]
+            decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)
+            scores = torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None]
+            y = torch.einsum("ijh,jhp->ihp", scores, x)
+            y = y + torch.einsum("ihn,hpn->ihp", C, state) * torch.exp(cs)[:, :, None]
+            if D is not None:
+                y = y + D * x
+            if p.z is not None:
+                y = y * F.silu(p.z[b, tok].float())
+            p.y[b, tok] = y
+            for row, j in inner.get(c, ()):
+                p.captured[row] = _state_after(state, cs, dt, x, B, j)
+            state = _state_after(state, cs, dt, x, B, n)
+        p.state_out[s] = state
+    if plan.final_rows.numel():
+        p.captured[plan.final_rows] = p.state_out[plan.final_seqs]

@@ -1,0 +1,246 @@
+"""mamba2_scan(algorithm="chunked"): accuracy against float64, captures, varlen, restores, input checks.
+
+The Triton kernels run through the interpreter here, with small chunks (16) so that short
+sequences cross several chunk boundaries and end in partial chunks.
+"""
+import pytest
+import torch
+
+from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
+from ssm_kernels import mamba2_scan
+from ssm_kernels._common import Sequences
+from ssm_kernels.chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
+from ssm_kernels.reference import mamba2_scan_ref
+
+BACKENDS = ["triton", "torch"]
+CHUNK = 16
+# RMS-relative error allowed against float64: full-precision fp32 matmuls, or 16-bit matmuls.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+SMALL = dict(nheads=4, headdim=16, ngroups=2, dstate=16)
+
+
+def chunked(*args, backend, chunk_size=CHUNK, **kw):
+    return mamba2_scan(*args, **kw, backend=backend, algorithm="chunked", chunk_size=chunk_size)
+
+
+def captures_for(lengths):
+    """Captures at 0, 1, len-1, len, on and next to chunk boundaries, inside chunks; shuffled,
+    with one duplicate."""
+    pairs = set()
+    for s, n in enumerate(lengths):
+        points = {0, 1, n - 1, n, n // 2} | {b + d for b in range(CHUNK, n, CHUNK) for d in (-1, 0, 1)}
+        pairs |= {(s, k) for k in points if 0 <= k <= n}
+    pairs = sorted(pairs)
+    pairs = [pairs[i] for i in torch.randperm(len(pairs)).tolist()]
+    return pairs + pairs[:1]
+
+
+def check(got, want, dtype, what):
+    tol = TOLERANCE[dtype]
+    assert got.y.dtype == dtype
+    assert got.final_states.dtype == torch.float32 and got.captured_states.dtype == torch.float32
+    assert_rel_close(got.y, want.y, tol, f"{what} y")
+    assert_rel_close(got.final_states, want.final_states, tol, f"{what} final_states")
+    assert got.captured_states.shape == want.captured_states.shape
+    if want.captured_states.numel():
+        assert_rel_close(got.captured_states, want.captured_states, tol, f"{what} captured_states")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seqlen", [1, 7, 17, 63])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_all_options_against_float64(backend, seqlen, dtype, device):
+    args, kw = mamba2_positional(mamba2_inputs(2, seqlen, **SMALL, dtype=dtype, device=device))
+    kw.update(dt_softplus=True, capture=captures_for([seqlen, seqlen]))
+    check(chunked(*args, **kw, backend=backend), mamba2_scan_ref(*args, **kw), dtype, f"{backend} {seqlen}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_varlen_with_empty_and_one_token_sequences(backend, device):
+    lengths = [0, 1, 17, 0, 33, 7, 16]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    args, kw = mamba2_positional(mamba2_inputs(1, sum(lengths), **SMALL, nseq=len(lengths), device=device))
+    kw.update(dt_softplus=True, cu_seqlens=cu, capture=torch.tensor(captures_for(lengths), device=device))
+    check(chunked(*args, **kw, backend=backend), mamba2_scan_ref(*args, **kw), torch.float32, "varlen")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_only_empty_sequences(backend, device):
+    args, kw = mamba2_positional(mamba2_inputs(1, 0, **SMALL, nseq=2, device=device))
+    got = chunked(*args, **kw, cu_seqlens=torch.tensor([0, 0, 0], device=device), capture=[(1, 0)], backend=backend)
+    assert got.y.shape == args[0].shape
+    assert torch.equal(got.final_states, kw["initial_states"])
+    assert torch.equal(got.captured_states[0], kw["initial_states"][1])
+
+
+VARIANTS = {
+    "plain": dict(),  # no D, z, dt_bias, initial states; no softplus
+    "D_per_row": dict(D_per_row=True),
+    "dt_limit": dict(dt_limit=(0.05, 0.4)),  # no softplus: negative dt clamps to 0.05
+    "one_group": dict(ngroups=1),
+    "group_per_head": dict(ngroups=4),
+    "odd_dims": dict(headdim=12, dstate=10),  # masked tiles
+    "two_p_blocks": dict(nheads=2, headdim=80, ngroups=1),
+    "big_chunk": dict(nheads=2, ngroups=1, seqlen=150, chunk_size=128),  # several M and K blocks
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variants(backend, variant, device):
+    opts = dict(SMALL, **VARIANTS[variant])
+    seqlen, chunk_size, dt_limit = opts.pop("seqlen", 40), opts.pop("chunk_size", CHUNK), opts.pop("dt_limit", None)
+    args, kw = mamba2_positional(mamba2_inputs(2, seqlen, **opts, device=device))
+    if variant == "plain":
+        kw = {}
+    if dt_limit:
+        kw["dt_limit"] = dt_limit
+    else:
+        kw["dt_softplus"] = True
+    kw["capture"] = [(0, 5), (1, 33), (0, seqlen)]
+    got = chunked(*args, **kw, chunk_size=chunk_size, backend=backend)
+    check(got, mamba2_scan_ref(*args, **kw), torch.float32, variant)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_captures_leave_y_and_final_states_bitwise_unchanged(backend, device):
+    lengths = [20, 1, 0, 35]
+    args, kw = mamba2_positional(mamba2_inputs(1, sum(lengths), **SMALL, nseq=len(lengths),
+                                               dtype=torch.bfloat16, device=device))
+    kw.update(dt_softplus=True, cu_seqlens=torch.tensor([0, 20, 21, 21, 56], device=device))
+    bare = chunked(*args, **kw, backend=backend)
+    many = chunked(*args, **kw, capture=captures_for(lengths), backend=backend)
+    assert torch.equal(many.y, bare.y) and torch.equal(many.final_states, bare.final_states)
+    assert bare.captured_states.shape[0] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_duplicate_and_unordered_captures_land_in_their_rows(backend, device):
+    args, kw = mamba2_positional(mamba2_inputs(1, 37, **SMALL, device=device))
+    kw.update(dt_softplus=True)
+    order = [23, 16, 37, 0, 23, 1, 32]
+    got = chunked(*args, **kw, capture=[(0, k) for k in order], backend=backend)
+    for row, k in enumerate(order):
+        single = chunked(*args, **kw, capture=[(0, k)], backend=backend)
+        assert torch.equal(got.captured_states[row], single.captured_states[0]), k
+    assert torch.equal(got.captured_states[2], got.final_states[0])  # offset len: the final state
+    assert torch.equal(got.captured_states[3], kw["initial_states"][0])  # offset 0: the initial state
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [9, 16, 23])
+def test_warm_restore_matches_cold_run(backend, dtype, k, device):
+    """Resume from a state captured inside (or at the edge of) a chunk: the tail pass has its own
+    chunk grid, so it matches the cold run to rounding, not bitwise."""
+    n = 45
+    args, kw = mamba2_positional(mamba2_inputs(1, n, **SMALL, dtype=dtype, device=device))
+    kw.update(dt_softplus=True)
+    cold = chunked(*args, **kw, capture=[(0, k)], backend=backend)
+    x, dt, A, B, C = args
+    tail = chunked(x[:, k:], dt[:, k:], A, B[:, k:], C[:, k:],
+                   **dict(kw, z=kw["z"][:, k:], initial_states=cold.captured_states), backend=backend)
+    tol = TOLERANCE[dtype]
+    assert_rel_close(tail.y, cold.y[:, k:], tol, "warm y vs cold y")
+    assert_rel_close(tail.final_states, cold.final_states, tol, "warm final vs cold final")
+    want = mamba2_scan_ref(*args, **kw)
+    assert_rel_close(tail.y, want.y[:, k:], tol, "warm y vs float64")
+    assert_rel_close(tail.final_states, want.final_states, tol, "warm final vs float64")
+
+
+def test_triton_and_torch_chunked_paths_agree(device):
+    args, kw = mamba2_positional(mamba2_inputs(2, 40, **SMALL, device=device))
+    kw.update(dt_softplus=True, capture=[(1, 3), (0, 40), (1, 16), (0, 29)])
+    a = chunked(*args, **kw, backend="torch")
+    b = chunked(*args, **kw, backend="triton")
+    for name, u, v in zip(a._fields, a, b):
+        assert_rel_close(v, u, 1e-6, name)
+
+
+def test_default_chunk_size_on_the_torch_path(device):
+    """chunk_size=None is 256 tokens: 300 tokens cross one chunk boundary."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 300, nheads=2, headdim=8, ngroups=1, device=device))
+    kw.update(dt_softplus=True, capture=[(0, 255), (0, 256), (0, 257), (0, 300)])
+    got = mamba2_scan(*args, **kw, algorithm="chunked", backend="torch")
+    check(got, mamba2_scan_ref(*args, **kw), torch.float32, "default chunk")
+    smaller = chunked(*args, **kw, backend="torch")  # another grid: other rounding, same values
+    assert not torch.equal(smaller.final_states, got.final_states)
+    assert_rel_close(smaller.final_states, got.final_states, 1e-5, "chunk 16 vs 256")
+
+
+def test_softplus_extremes(device):
+    args, kw = mamba2_positional(mamba2_inputs(1, 6, **SMALL, device=device))
+    x, dt, A, B, C = args
+    dt = torch.tensor([-30.0, -12.0, -3.0, 0.0, 19.0, 40.0], device=device).view(1, 6, 1).expand(1, 6, 4).contiguous()
+    want = mamba2_scan_ref(x, dt, A, B, C, dt_softplus=True)
+    for backend in BACKENDS:
+        got = chunked(x, dt, A, B, C, dt_softplus=True, backend=backend)
+        assert_rel_close(got.y, want.y, 1e-4, f"{backend} y")
+        assert_rel_close(got.final_states, want.final_states, 1e-4, f"{backend} state")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_and_auto_on_cpu_are_the_recurrent_path(backend, device):
+    if device.type != "cpu":
+        pytest.skip("auto picks by device: this is the CPU rule")
+    args, kw = mamba2_positional(mamba2_inputs(1, 20, **SMALL, device=device))
+    kw.update(dt_softplus=True, capture=[(0, 7)])
+    exact = mamba2_scan(*args, **kw, backend=backend, algorithm="recurrent")
+    for got in (mamba2_scan(*args, **kw, backend=backend),
+                mamba2_scan(*args, **kw, backend=backend, algorithm="auto", chunk_size=16)):
+        for u, v in zip(exact, got):
+            assert torch.equal(u, v)
+
+
+def test_auto_rule():
+    def seqs(lengths):
+        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+        return Sequences(cu, lengths, varlen=True)
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    long = [3, AUTO_CHUNKED_MIN_TOKENS, 0]
+    short = [3, AUTO_CHUNKED_MIN_TOKENS - 1]
+    assert resolve_algorithm("auto", cuda, seqs(long)) == "chunked"
+    assert resolve_algorithm("auto", cuda, seqs(short)) == "recurrent"
+    assert resolve_algorithm("auto", cuda, seqs([])) == "recurrent"
+    assert resolve_algorithm("auto", cpu, seqs(long)) == "recurrent"
+    assert resolve_algorithm("chunked", cpu, seqs(short)) == "chunked"
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(algorithm="fast"), ValueError, r"algorithm must be one of \('recurrent', 'chunked', 'auto'\), got 'fast'"),
+    (dict(algorithm=None), ValueError, "algorithm must be one of"),
+    (dict(chunk_size=24), ValueError, "chunk_size must be a power of two from 16 .* got 24"),
+    (dict(chunk_size=8), ValueError, "chunk_size must be a power of two from 16 .* got 8"),
+    (dict(chunk_size=0), ValueError, "chunk_size must be a power of two"),
+    (dict(chunk_size=-16), ValueError, "chunk_size must be a power of two"),
+    (dict(chunk_size=2048), ValueError, "chunk_size must be a power of two from 16 .* to 1024, got 2048"),
+    (dict(chunk_size=16.0), TypeError, "chunk_size must be an int, got float"),
+    (dict(chunk_size=True), TypeError, "chunk_size must be an int"),
+    (dict(chunk_size=32, algorithm="recurrent"), None, None),
+    (dict(chunk_size=32, algorithm="chunked", backend="torch"), None, None),
+])
+def test_bad_algorithm_and_chunk_size(changes, error, message):
+    args, kw = mamba2_positional(mamba2_inputs(2, 5, **SMALL))
+    kw = dict(kw, algorithm="chunked", backend="torch")
+    kw.update(changes)
+    if error is None:
+        mamba2_scan(*args, **kw)
+        return
+    with pytest.raises(error, match=message):
+        mamba2_scan(*args, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_size_on_gpu(dtype):
+    """Realistic head sizes with the compiled kernels and the default 256-token chunks."""
+    device = torch.device("cuda")
+    args, kw = mamba2_positional(mamba2_inputs(1, 600, nheads=8, headdim=64, ngroups=1, dstate=128,
+                                               dtype=dtype, device=device))
+    kw.update(dt_softplus=True, capture=[(0, 0), (0, 100), (0, 256), (0, 300), (0, 511), (0, 600)])
+    got = mamba2_scan(*args, **kw, algorithm="chunked")
+    check(got, mamba2_scan_ref(*args, **kw), dtype, f"gpu {dtype}")
+    bare = mamba2_scan(*args, **dict(kw, capture=None), algorithm="chunked")
+    assert torch.equal(bare.y, got.y) and torch.equal(bare.final_states, got.final_states)
+    assert mamba2_scan(*args, **kw, algorithm="auto").y.shape == got.y.shape
