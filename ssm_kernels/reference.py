@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import ScanResult
+from .conv.reference import causal_conv1d_ref  # noqa: F401  (the conv's reference lives beside it)
 
 
 def _f64(t):

@@ -1,0 +1,33 @@
+"""The ``ssm-prefill`` console script.
+
+    ssm-prefill demo [options]    the seed's incident end to end on a small hybrid model
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import demo
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ssm-prefill", description="In-pass SSM state capture for chunked prefill.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo.add_arguments(commands.add_parser(
+        "demo", help="run the seed's incident on a small hybrid model under every policy",
+        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        demo._check(parser, args)
+        return demo.run(args)
+    parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""causal_conv1d (a prefill pass with conv-state captures) and causal_conv1d_update (one decode
+token): validation and dispatch to the Triton kernel or the PyTorch path."""
+from __future__ import annotations
+
+import torch
+
+from .._common import (FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor, make_capture_table,
+                       make_sequences, new_output, resolve_backend)
+from .problem import ConvProblem, ConvResult
+from .torch_kernel import run_torch
+from .triton_kernel import RUNS_ON_CPU, run_triton
+
+WEIGHT_DTYPES = FLOAT_DTYPES + (torch.float64,)
+ACTIVATIONS = (None, "silu", "swish")  # "swish" is silu's other name (mamba_ssm accepts both)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_params(x, weight, bias, activation, *, token_dims):
+    """Validate x, weight, bias and activation; return (dim, width, silu)."""
+    check_tensor("x", x, [(name, None) for name in token_dims[:1]] + [("dim", None)]
+                 + [(name, None) for name in token_dims[1:]], FLOAT_DTYPES)
+    dim = x.shape[1]
+    if dim < 1:
+        raise ValueError(f"dim must be at least 1, got {dim}")
+    check_tensor("weight", weight, [("dim", dim), ("width", None)], WEIGHT_DTYPES)
+    width = weight.shape[1]
+    if width < 1:
+        raise ValueError(f"width must be at least 1, got weight of shape {tuple(weight.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, [("dim", dim)], WEIGHT_DTYPES)
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return dim, width, activation is not None
+
+
+def _check_state(name, t, x, dims):
+    check_tensor(name, t, dims)
+    if t.dtype != x.dtype:
+        raise TypeError(f"{name} must have x's dtype {_dtype_name(x.dtype)} (conv states are inputs), "
+                        f"got {_dtype_name(t.dtype)}")
+
+
+def _run(problem: ConvProblem, backend: str) -> None:
+    (run_triton if backend == "triton" else run_torch)(problem)
+
+
+def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None, cu_seqlens=None,
+                  capture=None, backend="auto") -> ConvResult:
+    """Depthwise causal conv over a prefill pass, with the conv state captured at any offsets.
+
+    Per channel d and token t, accumulated in float32 in this fixed order:
+        acc = bias[d]; for k in range(width): acc = acc + weight[d, k] * input[d, t - (width - 1) + k]
+        out[d, t] = silu(acc) if activation else acc
+    where inputs before the pass come from initial_states (zeros without it). The conv state of
+    a sequence at offset k is its width - 1 inputs before k: (dim, width - 1), oldest first, in
+    x's dtype (states are inputs, copied without rounding).
+
+    Args:
+        x: (batch, dim, seqlen) float32, float16 or bfloat16 (any strides).
+        weight: (dim, width), any float dtype (an nn.Conv1d weight (dim, 1, width) squeezed).
+        bias: (dim,), any float dtype, optional.
+        activation: None, "silu" (or "swish").
+        initial_states: (nseq, dim, width - 1) in x's dtype, optional (zeros): the inputs
+            preceding the pass.
+        cu_seqlens: (nseq + 1,) int32/int64, optional: a varlen batch packed along seqlen
+            (batch must be 1; empty sequences allowed). nseq is batch without it.
+        capture: (ncapture, 2) int tensor or (sequence index, offset) pairs with
+            0 <= offset <= that sequence's length; any order, duplicates allowed. Offsets below
+            width - 1 include inputs from initial_states.
+        backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
+
+    Returns:
+        ConvResult(out: like x in x's dtype, final_states: (nseq, dim, width - 1),
+        captured_states: (ncapture, dim, width - 1), both in x's dtype).
+
+    Exact: a sequence gives bit-identical outputs and states however it is split into passes
+    (continuing from a captured state), batched or captured, on one device and backend.
+    """
+    dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch", "seqlen"))
+    device = check_same_device(x=x, weight=weight, bias=bias, initial_states=initial_states)
+    seqs = make_sequences(x.shape[0], x.shape[2], cu_seqlens, device)
+    if initial_states is not None:
+        _check_state("initial_states", initial_states, x,
+                     [("nseq", seqs.count), ("dim", dim), ("width - 1", width - 1)])
+    captures = make_capture_table(capture, seqs, device)
+    backend = resolve_backend(backend, device, triton_runs_on_cpu=RUNS_ON_CPU)
+
+    out = new_output(*x.shape, dtype=x.dtype, device=device)
+    final_states = new_output(seqs.count, dim, width - 1, dtype=x.dtype, device=device)
+    captured = new_output(captures.count, dim, width - 1, dtype=x.dtype, device=device)
+    _run(ConvProblem(x=x, weight=weight, bias=bias, silu=silu, state_in=initial_states, seqs=seqs,
+                     captures=captures, out=out, state_out=final_states, captured=captured), backend)
+    return ConvResult(out, final_states, captured)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None, *,
+                         backend="auto") -> torch.Tensor:
+    """One decode token per batch row, updating the conv state pool in place.
+
+    Args:
+        x: (batch, dim) float32, float16 or bfloat16.
+        conv_state: (nslots, dim, width - 1) in x's dtype, updated in place: row b reads and
+            writes slot state_indices[b] (default b).
+        weight, bias, activation, backend: as in causal_conv1d.
+        state_indices: (batch,) int32/int64, distinct slots (default 0..batch-1).
+
+    Returns:
+        out: (batch, dim) in x's dtype.
+
+    Bit-identical to a one-token causal_conv1d pass from the same state (it is one).
+    """
+    dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch",))
+    _check_state("conv_state", conv_state, x, [("nslots", None), ("dim", dim), ("width - 1", width - 1)])
+    device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
+                               state_indices=state_indices)
+    batch, nslots = x.shape[0], conv_state.shape[0]
+    if state_indices is None:
+        if batch > nslots:
+            raise ValueError(f"without state_indices the batch ({batch}) must not exceed conv_state's "
+                             f"slots ({nslots})")
+        slots = torch.arange(batch, device=device)
+    else:
+        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+        values = state_indices.tolist()
+        for i, slot in enumerate(values):
+            if not 0 <= slot < nslots:
+                raise ValueError(f"state_indices[{i}] = {slot} is out of range for a conv_state with "
+                                 f"{nslots} slots")
+        if len(set(values)) != len(values):
+            raise ValueError("state_indices must be distinct: two rows updating one slot would race")
+        slots = state_indices.to(torch.int64)
+    seqs = make_sequences(batch, 1, None, device)
+    captures = make_capture_table(None, seqs, device)
+    backend = resolve_backend(backend, device, triton_runs_on_cpu=RUNS_ON_CPU)
+
+    out = new_output(batch, dim, 1, dtype=x.dtype, device=device)
+    final_states = new_output(batch, dim, width - 1, dtype=x.dtype, device=device)
+    no_captures = new_output(0, dim, width - 1, dtype=x.dtype, device=device)
+    # The pass reads a gathered copy and writes a new buffer, so no program overwrites inputs
+    # another one still reads; the scatter back is an exact copy.
+    _run(ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=silu, state_in=conv_state[slots],
+                     seqs=seqs, captures=captures, out=out, state_out=final_states, captured=no_captures),
+         backend)
+    conv_state.index_copy_(0, slots, final_states)
+    return out[:, :, 0]

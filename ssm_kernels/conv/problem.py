@@ -1,0 +1,51 @@
+"""What both causal-conv backends run: a validated pass, its outputs allocated."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .._common import CaptureTable, Sequences
+
+
+class ConvResult(NamedTuple):
+    """What causal_conv1d returns.
+
+    out: (batch, dim, seqlen), x's dtype.
+    final_states: (nseq, dim, width - 1), x's dtype: the last width - 1 inputs of each sequence
+        (from initial_states where the sequence is shorter than that).
+    captured_states: (ncapture, dim, width - 1), x's dtype: the width - 1 inputs before each
+        requested offset, in the order given.
+
+    Conv states are inputs, copied bit for bit: no rounding, so x's dtype loses nothing.
+    """
+
+    out: torch.Tensor
+    final_states: torch.Tensor
+    captured_states: torch.Tensor
+
+
+@dataclass
+class ConvProblem:
+    """A validated depthwise causal conv pass.
+
+    x: (batch, dim, seqlen); weight: (dim, width); bias: (dim,) or None.
+    state_in: (nseq, dim, width - 1) in x's dtype, or None for zeros.
+    out: like x; state_out: (nseq, dim, width - 1); captured: (ncapture, dim, width - 1).
+    """
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    silu: bool
+    state_in: torch.Tensor | None
+    seqs: Sequences
+    captures: CaptureTable
+    out: torch.Tensor
+    state_out: torch.Tensor
+    captured: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return self.weight.shape[1]

@@ -1,0 +1,44 @@
+"""The PyTorch path of the causal conv, for CPU tensors.
+
+Same semantics and exactness as the Triton kernel. The taps are accumulated over the whole
+sequence at once (a multiply and an add per tap: correctly rounded, so the same bits in a
+vector body or a scalar tail), but the activation and the cast to x's dtype run one token at a
+time on (dim,) rows: PyTorch's CPU kernels compute a transcendental (silu's exp) differently in a
+vector body and in its scalar tail, and which elements land in the tail depends on the shape.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .problem import ConvProblem
+
+
+def run_torch(p: ConvProblem) -> None:
+    """Write p.out, p.state_out and p.captured, one sequence at a time."""
+    dim, width = p.weight.shape
+    weight = p.weight.float()
+    bias = p.bias.float() if p.bias is not None else None
+    captures = p.captures.entries  # sorted by (sequence, offset)
+    c = 0
+    for s, (b, start, length) in enumerate(p.seqs.spans()):
+        init = p.state_in[s] if p.state_in is not None else p.x.new_zeros(dim, width - 1)
+        xin = torch.cat([init, p.x[b, :, start:start + length]], dim=1)  # (dim, width - 1 + length)
+        # The state at offset k is xin[:, k:k + width - 1]: the width - 1 inputs before k.
+        p.state_out[s] = xin[:, length:]
+        while c < len(captures) and captures[c][0] == s:
+            _, k, row = captures[c]
+            p.captured[row] = xin[:, k:k + width - 1]
+            c += 1
+        if length == 0:
+            continue
+        xin = xin.float()
+        acc = torch.zeros(dim, length, dtype=torch.float32, device=p.x.device)
+        if bias is not None:
+            acc = acc + bias[:, None]
+        for k in range(width):
+            acc = acc + weight[:, k:k + 1] * xin[:, k:k + length]
+        rows = acc.t().contiguous()  # (length, dim): token t's outputs as one row
+        for t in range(length):
+            row = F.silu(rows[t]) if p.silu else rows[t]
+            p.out[b, :, start + t] = row.to(p.out.dtype)

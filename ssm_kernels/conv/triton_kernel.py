@@ -1,0 +1,136 @@
+"""Depthwise causal conv in Triton, with the conv state captured at any offsets of the pass.
+
+Each output element is one fixed-order dot over the width taps, accumulated in float32:
+`acc = bias; for k in range(width): acc = acc + weight[:, k] * input[t - (width - 1) + k]`.
+Every element runs the same instructions wherever its tile, its pass or its batch neighbours
+are, so splitting a sequence into passes or packing it with others cannot change a bit. Inputs
+before the pass come from the initial state (zeros without one). The program that owns a
+sequence's first time tile also copies the conv states (the width - 1 inputs before an offset:
+the final state and the requested captures); they are inputs, so they are stored in x's dtype.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from ..scan.triton_kernel import _ptr, _strides
+from .problem import ConvProblem
+
+# Tile sizes: fixed constants (the result of an element does not depend on them anyway).
+BLOCK_T = 64
+BLOCK_D = 64
+
+
+@triton.jit
+def _load_inputs(p_x, s_x_t, p_init, s_init_k, pos, m_d, m_pos,
+                 WIDTH: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr):
+    """The inputs at sequence positions `pos` [BT] (int64, may be negative: those come from the
+    initial state, zeros without one) of channels `p_x`/`p_init` [BD]; returns [BD, BT] in x's
+    dtype."""
+    m = m_d[:, None] & m_pos[None, :]
+    b_x = tl.load(p_x[:, None] + pos[None, :] * s_x_t, mask=m & (pos >= 0)[None, :], other=0.0)
+    if HAS_INITIAL_STATE:
+        b_init = tl.load(p_init[:, None] + (pos + (WIDTH - 1))[None, :] * s_init_k,
+                         mask=m & (pos < 0)[None, :], other=0.0)
+        b_x = tl.where((pos >= 0)[None, :], b_x, b_init)
+    return b_x
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr, w_ptr, bias_ptr, init_ptr, out_ptr, final_ptr, captured_ptr,
+    cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
+    dim,
+    s_x_b, s_x_d, s_x_t,
+    s_w_d, s_w_k,
+    s_bias_d,
+    s_init_s, s_init_d, s_init_k,
+    s_out_b, s_out_d, s_out_t,
+    s_fin_s, s_fin_d, s_fin_k,
+    s_cap_r, s_cap_d, s_cap_k,
+    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_d = tl.program_id(1)
+    i_s = tl.program_id(2).to(tl.int64)
+
+    bos = tl.load(cu_seqlens_ptr + i_s)
+    length = tl.load(cu_seqlens_ptr + i_s + 1) - bos
+    if IS_VARLEN:
+        i_b = 0
+    else:
+        i_b = i_s
+        bos = bos - bos  # a dense batch row starts at token 0 (keeps bos an int64 tensor)
+
+    o_d = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
+    m_d = o_d < dim
+    p_x = x_ptr + i_b * s_x_b + bos * s_x_t + o_d * s_x_d  # [BD], token 0 of the sequence
+    p_init = init_ptr + i_s * s_init_s + o_d * s_init_d  # [BD]
+
+    # Outputs of this time tile.
+    o_t = (i_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    m_t = o_t < length
+    acc = tl.zeros([BLOCK_D, BLOCK_T], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + o_d * s_bias_d, mask=m_d, other=0.0).to(tl.float32)[:, None]
+    for k in tl.static_range(WIDTH):
+        b_w = tl.load(w_ptr + o_d * s_w_d + k * s_w_k, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+        b_x = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t - (WIDTH - 1 - k), m_d, m_t,
+                           WIDTH, HAS_INITIAL_STATE)  # [BD, BT]
+        acc = acc + b_w[:, None] * b_x.to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    p_out = out_ptr + i_b * s_out_b + o_d[:, None] * s_out_d + (bos + o_t)[None, :] * s_out_t
+    tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d[:, None] & m_t[None, :])
+
+    # Conv states: the WIDTH - 1 inputs before an offset, copied in x's dtype.
+    if WIDTH > 1:
+        if i_t == 0:
+            o_w = tl.arange(0, BLOCK_W).to(tl.int64)
+            m_w = o_w < WIDTH - 1
+            m_dw = m_d[:, None] & m_w[None, :]
+            b_state = _load_inputs(p_x, s_x_t, p_init, s_init_k, length - (WIDTH - 1) + o_w, m_d, m_w,
+                                   WIDTH, HAS_INITIAL_STATE)  # [BD, BW]
+            p_fin = final_ptr + i_s * s_fin_s + o_d[:, None] * s_fin_d + o_w[None, :] * s_fin_k
+            tl.store(p_fin, b_state, mask=m_dw)
+            if HAS_CAPTURE:
+                c_lo = tl.load(cap_ptr_ptr + i_s)
+                c_hi = tl.load(cap_ptr_ptr + i_s + 1)
+                for c in range(c_lo, c_hi):
+                    offset = tl.load(cap_offset_ptr + c)
+                    row = tl.load(cap_row_ptr + c)
+                    b_cap = _load_inputs(p_x, s_x_t, p_init, s_init_k, offset - (WIDTH - 1) + o_w, m_d, m_w,
+                                         WIDTH, HAS_INITIAL_STATE)
+                    p_cap = captured_ptr + row * s_cap_r + o_d[:, None] * s_cap_d + o_w[None, :] * s_cap_k
+                    tl.store(p_cap, b_cap, mask=m_dw)
+
+
+RUNS_ON_CPU = isinstance(_conv_kernel, InterpretedFunction)
+
+
+def run_triton(p: ConvProblem) -> None:
+    """Launch over (time tile, channel tile, sequence); writes p.out, p.state_out, p.captured."""
+    nseq = p.seqs.count
+    if nseq == 0:
+        return
+    dim, width = p.weight.shape
+    block_d = min(BLOCK_D, triton.next_power_of_2(dim))
+    block_w = triton.next_power_of_2(max(width - 1, 1))
+    grid = (max(1, triton.cdiv(max(p.seqs.lengths), BLOCK_T)), triton.cdiv(dim, block_d), nseq)
+    cap = p.captures
+    w = p.weight  # stands in for absent or empty tensors (never empty itself)
+    _conv_kernel[grid](
+        _ptr(p.x, w), w, _ptr(p.bias, w), _ptr(p.state_in, w), _ptr(p.out, w),
+        _ptr(p.state_out, w), _ptr(p.captured, w),
+        p.seqs.cu_seqlens, cap.ptr, _ptr(cap.offset, cap.ptr), _ptr(cap.row, cap.ptr),
+        dim,
+        *p.x.stride(), *p.weight.stride(), *_strides(p.bias, 1), *_strides(p.state_in, 3),
+        *p.out.stride(), *p.state_out.stride(), *p.captured.stride(),
+        WIDTH=width, HAS_BIAS=p.bias is not None, SILU=p.silu,
+        HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
+        BLOCK_T=BLOCK_T, BLOCK_D=block_d, BLOCK_W=block_w,
+        num_warps=4,
+    )

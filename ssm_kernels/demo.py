@@ -1,0 +1,208 @@
+"""The seed's incident, end to end, on the small hybrid model.
+
+A 32772-token prompt is prefilled cold under each planning policy (block 16, first chunk 8193,
+later chunks 8192, interval snapshots every 32 blocks), then the byte-identical request is
+served warm from the prefix cache. The table shows the passes, the in-pass captures, where the
+warm request restored and how many tokens it replayed, the wall times, and whether every
+logit of the cold and warm runs is bit-identical to one cold pass of the prompt (torch.equal).
+The seed: legacy restored at 24577 and replayed 8195 tokens; the fix (split) restores at 32752
+and replays 20; in-pass capture (inpass, free) restores at 32768 and replays 4.
+
+By default the incident is scaled down 8x (budget 1024, total 4100, interval 4) so that it runs
+in seconds on a CPU; the relations that made the incident stay: the first chunk is one token past
+a block boundary, and under legacy the tail split point falls inside the second-to-last chunk.
+``--full`` runs it at full size (about 3.5 minutes on a 2-core CPU). The exact path throughout: the recurrent kernels (PyTorch on
+CPU, Triton on CUDA) and token-wise projections.
+
+    python -m ssm_kernels.demo [--scale N | --full] [--layers L] [--hidden H] ...
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from planner import POLICIES, plan_prefill
+
+from .model import Engine, HybridConfig, HybridLM
+
+# The seed's incident at full size.
+FULL_BUDGET, BLOCK_SIZE, FULL_INTERVAL = 8192, 16, 32
+DEFAULT_SCALE = 8
+# The budget must stay at least two blocks, so that the tail split point (one block below the
+# last boundary) falls strictly inside a chunk rather than on a chunk end.
+MAX_SCALE = FULL_BUDGET // (2 * BLOCK_SIZE)
+SEED_RESULT = {"legacy": (24577, 8195), "split": (32752, 20), "inpass": (32768, 4), "free": (32768, 4)}
+
+
+@dataclass(frozen=True)
+class Incident:
+    """The incident's serving rules at 1/scale of its size."""
+
+    scale: int
+
+    @property
+    def budget(self) -> int:
+        return FULL_BUDGET // self.scale
+
+    @property
+    def first_budget(self) -> int:
+        return self.budget + 1  # prefill budget + max batch size 1
+
+    @property
+    def total(self) -> int:
+        return 4 * self.budget + 4  # 32772 at full size
+
+    @property
+    def interval(self) -> int:
+        return max(1, FULL_INTERVAL // self.scale)
+
+    def rules(self) -> dict:
+        return dict(block_size=BLOCK_SIZE, budget=self.budget, first_budget=self.first_budget,
+                    interval=self.interval)
+
+
+def _scale(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+    if value < 1 or value > MAX_SCALE or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two from 1 to {MAX_SCALE}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--scale", type=_scale, default=None,
+                      help="divide the incident's budget (and prompt) by this power of two (default 8: "
+                           "budget 1024, 4100 tokens)")
+    size.add_argument("--full", action="store_true", help="the incident at full size (32772 tokens; minutes on a CPU)")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), metavar="POLICY",
+                        help=f"policies to run (default: all of {', '.join(POLICIES)})")
+    parser.add_argument("--layers", type=_positive, default=4, help="model layers (default 4)")
+    parser.add_argument("--attention-every", type=int, default=2,
+                        help="every n-th layer is attention, the rest Mamba-2 (default 2; 0: none)")
+    parser.add_argument("--hidden", type=_positive, default=64, help="model width, a multiple of 16 (default 64)")
+    parser.add_argument("--state-size", type=_positive, default=16, help="Mamba-2 state size (default 16)")
+    parser.add_argument("--vocab", type=_positive, default=256, help="vocabulary size (default 256)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt (default 0)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: cuda when available (default)")
+    parser.add_argument("--threads", type=_positive, default=1,
+                        help="CPU threads for torch (default 1: the model's ops are token-sized, and extra "
+                             "threads only spin, badly so on a shared machine)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(
+        prog="python -m ssm_kernels.demo", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.attention_every < 0:
+        parser.error(f"argument --attention-every: must be >= 0, got {args.attention_every}")
+    if args.hidden % 16:
+        parser.error(f"argument --hidden: must be a multiple of 16 (2 * hidden channels in Mamba heads of 32), "
+                     f"got {args.hidden}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("argument --device: cuda is not available")
+
+
+def _lengths(passes) -> str:
+    return "+".join(str(length) for _, length in passes)
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    """Run the demo for parsed arguments; print the table to ``out``; 0 when every check holds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args, sys.stdout if out is None else out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace, out) -> int:
+    incident = Incident(1 if args.full else args.scale or DEFAULT_SCALE)
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    config = HybridConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
+                          attention_every=args.attention_every, mamba_heads=args.hidden * 2 // 32,
+                          mamba_head_dim=32, state_size=args.state_size, mlp_size=2 * args.hidden, seed=args.seed)
+    model = HybridLM(config, device=device)
+    rng = random.Random(args.seed)
+    prompt = [rng.randrange(args.vocab) for _ in range(incident.total)]
+    rules = incident.rules()
+
+    def warm_estimate(policy):
+        return plan_prefill(incident.total, policy=policy, **rules).warm_restore().replay_tokens
+
+    bar = tqdm(total=incident.total * (1 + len(args.policies)) + sum(map(warm_estimate, args.policies)),
+               unit="tok", desc="prefill", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True)
+    began = time.perf_counter()
+    bar.set_postfix_str("one cold pass (reference)")
+    reference = model.prefill(prompt)
+    bar.update(incident.total)
+    rows = []
+    for policy in args.policies:
+        engine = Engine(model, policy=policy, **rules)
+        bar.set_postfix_str(f"{policy}: cold")
+        cold = engine.serve(prompt, on_tokens=bar.update)
+        bar.set_postfix_str(f"{policy}: warm")
+        warm = engine.serve(prompt, on_tokens=bar.update)
+        exact = torch.equal(cold.logits, reference) and torch.equal(warm.logits, reference[warm.restore_point:])
+        rows.append((policy, _lengths(cold.passes), str(len(cold.captures)), str(len(cold.snapshots)),
+                     str(warm.restore_point), str(warm.replayed), _lengths(warm.passes),
+                     f"{cold.wall_s:.2f}", f"{warm.wall_s:.3f}", "yes" if exact else "NO"))
+    bar.close()
+    elapsed = time.perf_counter() - began
+
+    layers = ", ".join(config.layer_types)
+    print(f"incident{'' if incident.scale == 1 else f' at 1/{incident.scale} scale'}: {incident.total} tokens, "
+          f"block {BLOCK_SIZE}, first chunk {incident.first_budget}, budget {incident.budget}, "
+          f"interval {incident.interval} blocks", file=out)
+    print(f"model: {config.num_layers} layers ({layers}), hidden {config.hidden_size}, vocab {config.vocab_size}, "
+          f"{str(config.dtype).replace('torch.', '')}, {device.type} "
+          f"({'Triton' if device.type == 'cuda' else 'PyTorch'} recurrent kernels)", file=out)
+    print("warm = the byte-identical request served after the cold one; bitwise = every logit of both runs "
+          "equals one cold pass (torch.equal)\n", file=out)
+    header = ("policy", "cold passes", "captures", "snapshots", "warm restore", "replayed", "warm passes",
+              "cold s", "warm s", "bitwise")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+              .rstrip(), file=out)
+    print(f"\nseed at full size: " + "; ".join(f"{p} restores at {r} and replays {n}"
+                                             for p, (r, n) in SEED_RESULT.items()) + f"\ndemo wall time {elapsed:.1f} s",
+          file=out)
+    return 0 if all(r[-1] == "yes" for r in rows) else 1
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

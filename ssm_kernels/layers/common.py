@@ -1,0 +1,228 @@
+"""What the Mamba mixer layers share: token-wise ops, layer states, snapshots, the forward plumbing.
+
+Exactness at the layer level needs more than exact kernels. On CPU, a Linear over a (T, d)
+matrix rounds a row differently for different T (BLAS blocking), and an elementwise
+transcendental (silu, exp) computes an element differently in a vector body and in a scalar
+tail whose extent depends on the shape. So, with ``exact=True``, every op outside the scan and
+conv kernels runs on one token's row at a time (:func:`per_token`): a token's output then never
+depends on the pass it is in, and a restored snapshot continues bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+from torch import nn
+
+from .._common import FLOAT_DTYPES, check_tensor, make_capture_table, make_sequences
+
+
+def per_token(fn: Callable[..., torch.Tensor], *xs: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """Apply ``fn`` to the last-dimension rows of ``xs`` (same leading shape) one token at a time.
+
+    Each call sees fresh contiguous (d,) rows, so its op shapes, strides and alignment are the
+    same whatever the pass. ``exact=False`` calls ``fn`` once on the whole tensors (faster,
+    not split-invariant).
+    """
+    if not exact:
+        return fn(*xs)
+    lead = xs[0].shape[:-1]
+    flat = [x.reshape(-1, x.shape[-1]) for x in xs]
+    if flat[0].shape[0] == 0:
+        out = fn(*flat)
+    else:
+        out = torch.stack([fn(*(f[i].clone() for f in flat)) for i in range(flat[0].shape[0])])
+    return out.reshape(*lead, *out.shape[1:])
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A mixer layer's state at an absolute position: what a prefix cache stores and restores.
+
+    position: the state is the one after tokens [0, position) of the sequence.
+    conv: (conv_dim, conv_kernel - 1), the layer's activation dtype: the conv inputs before it.
+    ssm: the SSM state, float32: (nheads, headdim, dstate) for Mamba-2, (intermediate, dstate)
+        for Mamba-1.
+    """
+
+    position: int
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+
+
+@dataclass
+class LayerState:
+    """The running state of a mixer layer for nseq sequences.
+
+    conv: (nseq, conv_dim, conv_kernel - 1), the activation dtype; ssm: (nseq, *ssm shape)
+    float32; positions: the absolute position each sequence is at (tokens consumed so far).
+    """
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    positions: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.positions)
+
+    @property
+    def position(self) -> int:
+        """The position of a single-sequence state."""
+        if self.count != 1:
+            raise ValueError(f"position is defined for a single-sequence state; this one holds "
+                             f"{self.count} sequences (see positions)")
+        return self.positions[0]
+
+    def snapshot(self, index: int = 0) -> Snapshot:
+        """Sequence ``index``'s state as a Snapshot (copies)."""
+        return Snapshot(self.positions[index], self.conv[index].clone(), self.ssm[index].clone())
+
+    def clone(self) -> "LayerState":
+        return LayerState(self.conv.clone(), self.ssm.clone(), self.positions)
+
+
+class MixerOutput(NamedTuple):
+    """What a mixer's forward returns: out (batch, seqlen, hidden_size); state, the layer state
+    after the pass; snapshots, one Snapshot per requested capture, in the order given."""
+
+    out: torch.Tensor
+    state: LayerState
+    snapshots: list[Snapshot]
+
+
+class SSMMixer(nn.Module):
+    """Forward plumbing shared by the Mamba mixers: validation, states, captures, snapshots.
+
+    Subclasses set ``conv_dim``, ``conv_kernel``, ``hidden_size``, ``exact``, ``backend`` and
+    implement ``ssm_state_shape`` and ``_mix``/``_step``.
+    """
+
+    conv_dim: int
+    conv_kernel: int
+    hidden_size: int
+    exact: bool
+    backend: str
+
+    @property
+    def ssm_state_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        return (self.conv_dim, self.conv_kernel - 1)
+
+    def _describe(self) -> str:
+        return (f"{type(self).__name__} (conv state {self.conv_state_shape}, "
+                f"SSM state {self.ssm_state_shape})")
+
+    def _rows(self, fn, *xs):
+        return per_token(fn, *xs, exact=self.exact)
+
+    # -- states ---------------------------------------------------------------------------
+    def initial_state(self, nseq: int = 1, *, dtype: torch.dtype | None = None,
+                      device: torch.device | None = None) -> LayerState:
+        """Zero states for ``nseq`` sequences at position 0 (dtype: of the conv inputs, default
+        the parameters')."""
+        param = next(self.parameters())
+        dtype = param.dtype if dtype is None else dtype
+        device = param.device if device is None else device
+        return LayerState(torch.zeros(nseq, *self.conv_state_shape, dtype=dtype, device=device),
+                          torch.zeros(nseq, *self.ssm_state_shape, dtype=torch.float32, device=device),
+                          (0,) * nseq)
+
+    def restore(self, snapshots: Snapshot | Sequence[Snapshot]) -> LayerState:
+        """A layer state from one snapshot per sequence (copies); rejects snapshots of another
+        layer shape with a ValueError."""
+        if isinstance(snapshots, Snapshot):
+            snapshots = [snapshots]
+        snapshots = list(snapshots)
+        for i, snap in enumerate(snapshots):
+            if not isinstance(snap, Snapshot):
+                raise TypeError(f"snapshots[{i}] must be a Snapshot, got {type(snap).__name__}")
+            for part, got, want in (("conv", snap.conv, self.conv_state_shape),
+                                    ("ssm", snap.ssm, self.ssm_state_shape)):
+                if tuple(got.shape) != tuple(want):
+                    raise ValueError(f"snapshots[{i}] has a {part} state of shape {tuple(got.shape)}, but "
+                                     f"{self._describe()} needs {tuple(want)}: it was taken from a layer "
+                                     "of another shape")
+            if snap.ssm.dtype != torch.float32:
+                raise TypeError(f"snapshots[{i}] has an SSM state of dtype {snap.ssm.dtype}; it must be float32")
+        if not snapshots:
+            raise ValueError("restore needs at least one snapshot")
+        return LayerState(torch.stack([s.conv for s in snapshots]), torch.stack([s.ssm for s in snapshots]),
+                          tuple(s.position for s in snapshots))
+
+    def _check_state(self, state, nseq: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+        if state is None:
+            return self.initial_state(nseq, dtype=dtype, device=device)
+        if not isinstance(state, LayerState):
+            raise TypeError(f"state must be a LayerState, got {type(state).__name__}")
+        check_tensor("state.conv", state.conv, [("nseq", nseq), ("conv_dim", self.conv_dim),
+                                                ("conv_kernel - 1", self.conv_kernel - 1)])
+        check_tensor("state.ssm", state.ssm, [("nseq", nseq)] + [(f"ssm dim {i}", n) for i, n in
+                                                                 enumerate(self.ssm_state_shape)],
+                     (torch.float32,))
+        if state.conv.dtype != dtype:
+            raise TypeError(f"state.conv must have the hidden states' dtype {dtype}, got {state.conv.dtype}")
+        if len(state.positions) != nseq:
+            raise ValueError(f"state.positions must hold {nseq} positions, got {len(state.positions)}")
+        return state
+
+    # -- passes ---------------------------------------------------------------------------
+    def forward(self, hidden_states: torch.Tensor, state: LayerState | None = None, cu_seqlens=None,
+                capture=None) -> MixerOutput:
+        """One prefill pass.
+
+        Args:
+            hidden_states: (batch, seqlen, hidden_size), float32/float16/bfloat16.
+            state: the LayerState of the nseq sequences before the pass (None: zeros at 0).
+            cu_seqlens: (nseq + 1,) int, optional: sequences packed along seqlen (batch 1).
+            capture: (sequence index, offset) pairs, offsets into the pass (0..length); each
+                becomes a Snapshot at absolute position state.positions[s] + offset.
+
+        Returns:
+            MixerOutput(out, new state, snapshots in capture order). The input state is not
+            modified.
+        """
+        check_tensor("hidden_states", hidden_states, [("batch", None), ("seqlen", None),
+                                                      ("hidden_size", self.hidden_size)], FLOAT_DTYPES)
+        device = hidden_states.device
+        seqs = make_sequences(hidden_states.shape[0], hidden_states.shape[1], cu_seqlens, device)
+        state = self._check_state(state, seqs.count, hidden_states.dtype, device)
+        table = make_capture_table(capture, seqs, device)
+        pairs = [None] * table.count
+        for s, k, row in table.entries:
+            pairs[row] = (s, k)
+        out, conv, scan = self._mix(hidden_states, state, cu_seqlens, pairs)
+        snapshots = [Snapshot(state.positions[s] + k, conv.captured_states[i], scan.captured_states[i])
+                     for i, (s, k) in enumerate(pairs)]
+        positions = tuple(p + n for p, n in zip(state.positions, seqs.lengths))
+        return MixerOutput(out, LayerState(conv.final_states, scan.final_states, positions), snapshots)
+
+    def step(self, hidden_states: torch.Tensor, state: LayerState) -> torch.Tensor:
+        """One decode token per sequence: hidden_states (nseq, hidden_size) -> (nseq, hidden_size).
+
+        Updates ``state`` in place (its tensors and positions); bit-identical to a one-token
+        forward pass.
+        """
+        check_tensor("hidden_states", hidden_states, [("nseq", None), ("hidden_size", self.hidden_size)],
+                     FLOAT_DTYPES)
+        if state is None:
+            raise TypeError("step needs a LayerState (use initial_state() for zeros)")
+        self._check_state(state, hidden_states.shape[0], hidden_states.dtype, hidden_states.device)
+        out = self._step(hidden_states, state)
+        state.positions = tuple(p + 1 for p in state.positions)
+        return out
+
+    def _mix(self, hidden_states, state, cu_seqlens, capture):
+        """Return (out, ConvResult, ScanResult) of a validated pass."""
+        raise NotImplementedError
+
+    def _step(self, hidden_states, state):
+        raise NotImplementedError

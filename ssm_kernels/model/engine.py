@@ -1,0 +1,158 @@
+"""Serving the hybrid model with the planner: prefix-cache lookup, restore, chunked prefill by
+the plan with in-pass captures, snapshot insertion.
+
+Per request: look the prompt up in the planner's PrefixCache (block-floored match, deepest
+snapshot at or below it); restore the Mamba snapshots at the restore point and the attention
+KV of positions [0, restore point) from the KV block store; plan [restore point, total) under
+the policy; run its passes, capturing the Mamba states the plan asks for inside the passes (and
+at pass ends that save a snapshot); insert the prompt's blocks and the new snapshots. Tokens
+between the restore point and the match are replayed: the SSM needs them, and their KV is
+recomputed bit for bit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from planner import PrefixCache, plan_prefill
+
+from .hybrid import HybridLM, ModelSnapshot
+
+
+class KVBlockStore:
+    """Attention keys and values of full token blocks, in a trie keyed by the blocks' tokens (a
+    block's KV depends on every token before it, so a block is found by its whole prefix).
+    Blocks are never evicted, as the planner's cache tree models KV as unbounded."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self._root: dict = {}
+        self.blocks = 0
+
+    def insert(self, tokens: Sequence[int], kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store the full blocks of ``tokens`` not yet held; kv: per attention layer, (k, v) rows of
+        at least the full blocks' positions."""
+        node, bs = self._root, self.block_size
+        for start in range(0, len(tokens) // bs * bs, bs):
+            key = tuple(tokens[start:start + bs])
+            if key not in node:
+                node[key] = ([(k[start:start + bs].clone(), v[start:start + bs].clone()) for k, v in kv], {})
+                self.blocks += 1
+            node = node[key][1]
+
+    def gather(self, tokens: Sequence[int], end: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per attention layer, (k, v) of positions [0, end) of ``tokens``; None when a block
+        holding one of them is missing."""
+        node, bs = self._root, self.block_size
+        blocks = []
+        for start in range(0, end, bs):
+            entry = node.get(tuple(tokens[start:start + bs]))
+            if entry is None:
+                return None
+            blocks.append(entry[0])
+            node = entry[1]
+        if not blocks:
+            return []
+        return [(torch.cat([b[i][0] for b in blocks])[:end], torch.cat([b[i][1] for b in blocks])[:end])
+                for i in range(len(blocks[0]))]
+
+
+@dataclass
+class ServeResult:
+    """What serving one request did.
+
+    matched: the block-floored prefix match; restore_point: where the state was restored (0:
+    cold); replayed: tokens computed (total - restore_point), of which ssm_replayed
+    (matched - restore_point) had cached KV; passes: (start, length) of each pass; captures:
+    positions captured in-pass (inside or at the end of a pass); snapshots: positions of the
+    snapshots this request took; logits: (computed tokens, vocab) for positions
+    [restore_point, total) (or the last token's, per the engine's ``logits``); wall_s: seconds.
+    """
+
+    total: int
+    matched: int
+    restore_point: int
+    replayed: int
+    ssm_replayed: int
+    passes: list[tuple[int, int]]
+    captures: list[int]
+    snapshots: list[int]
+    logits: torch.Tensor | None
+    wall_s: float
+
+
+class Engine:
+    """Serves prompts one at a time with a PrefixCache of Mamba snapshots and a KVBlockStore.
+
+    policy, block_size, budget, first_budget, interval: as planner.plan_prefill; under "free"
+    each request's branch point (where it leaves the cache tree) is captured as well.
+    max_snapshots, eviction: as planner.PrefixCache. logits: "all" or "last", what serve returns.
+    """
+
+    def __init__(self, model: HybridLM, *, policy: str, block_size: int, budget: int,
+                 first_budget: int | None = None, interval: int = 0, max_snapshots: int | None = None,
+                 eviction: str = "lru", logits: str = "all"):
+        self.model = model
+        self.policy = policy
+        self.rules = dict(block_size=block_size, budget=budget, first_budget=first_budget)
+        self.interval = interval
+        self.logits = logits
+        self.cache = PrefixCache(block_size, max_snapshots=max_snapshots, eviction=eviction)
+        self.kv = KVBlockStore(block_size)
+        self.snapshots: dict[int, ModelSnapshot] = {}  # handle -> snapshot held by the cache
+        self._next_handle = 0
+        plan_prefill(0, policy=policy, interval=interval, **self.rules)  # validates the rules now
+
+    def serve(self, tokens: Sequence[int], on_tokens: Callable[[int], None] | None = None) -> ServeResult:
+        """Prefill one prompt (a sequence of token ids); ``on_tokens(n)`` after each pass of n."""
+        began = time.perf_counter()
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens:
+            raise ValueError("a prompt must have at least 1 token")
+        total = len(tokens)
+        match = self.cache.lookup(tokens)
+        snapshot = None if match.snapshot is None else self.snapshots[match.snapshot]
+        kv = self.kv.gather(tokens, match.restore_point) if snapshot is not None else []
+        if kv is None:  # unreachable while KV blocks are never evicted
+            raise RuntimeError(f"the KV of positions [0, {match.restore_point}) is not in the block store")
+        if snapshot is not None:
+            self.cache.pin(match.snapshot)  # the restore is in flight until this request is done
+        try:
+            state = self.model.restore(snapshot, kv)
+            branch = self.cache.branch_point(tokens)
+            plan = plan_prefill(total, start=match.restore_point, interval=self.interval, policy=self.policy,
+                                branch_points=(branch,) if self.policy == "free" else (), **self.rules)
+            taken: dict[int, ModelSnapshot] = {}
+            logits = []
+            for p in plan.passes:
+                offsets = sorted(set(p.capture_offsets) | ({p.length} if p.snapshot_at_end else set()))
+                last = p.end == total
+                want = self.logits if (self.logits == "all" or last) else "none"
+                out = self.model.forward_pass(tokens[p.start:p.end], state, capture=offsets, logits=want)
+                taken.update((s.position, s) for s in out.snapshots)
+                if out.logits is not None:
+                    logits.append(out.logits)
+                if on_tokens is not None:
+                    on_tokens(p.length)
+            self.kv.insert(tokens, self.model.kv_rows(state))
+            handles = {}
+            for position, snap in sorted(taken.items()):
+                handles[position] = self._next_handle
+                self.snapshots[self._next_handle] = snap
+                self._next_handle += 1
+            sizes = {position: max(1, taken[position].nbytes) for position in handles}
+            inserted = self.cache.insert(tokens, handles, nbytes=sizes)
+            for handle in inserted.freed:
+                self.snapshots.pop(handle, None)
+        finally:
+            if snapshot is not None:
+                self.cache.unpin(match.snapshot)
+        return ServeResult(
+            total=total, matched=match.matched_tokens, restore_point=match.restore_point,
+            replayed=total - match.restore_point, ssm_replayed=match.matched_tokens - match.restore_point,
+            passes=[(p.start, p.length) for p in plan.passes],
+            captures=[c for p in plan.passes for c in p.captures], snapshots=sorted(taken),
+            logits=torch.cat(logits) if logits else None, wall_s=time.perf_counter() - began)

@@ -1,0 +1,363 @@
+"""transformers models on the library's kernels (ssm_kernels.adapters): logits against
+transformers' own PyTorch path, in-pass captures, restores, and rejected input.
+
+Tiny random-weight configs (no download). On CPU the adapter's "auto" backend is the PyTorch
+path; on CUDA it is Triton (TF32 off so that transformers' reference stays float32-exact).
+"""
+import inspect
+
+import pytest
+import torch
+
+from helpers import assert_rel_close
+
+transformers = pytest.importorskip("transformers")
+DynamicCache = transformers.DynamicCache
+
+from ssm_kernels.adapters import (LayerSnapshot, capture_states, remove_ssm_kernels,  # noqa: E402
+                                  restore_states, use_ssm_kernels)
+from ssm_kernels.adapters import hf_cache  # noqa: E402
+from ssm_kernels.layers import Snapshot  # noqa: E402
+
+TOL = 1e-5
+V = 100  # vocab
+PROMPT, SPLIT, DECODE = 24, 10, 3  # prompt length, first chunk of the chunked prefill, decode steps
+CAPTURE = (6, 13)  # positions captured in-pass: one in each chunk of the chunked prefill
+
+
+def _mamba2_cfg(T):
+    return T.Mamba2Config(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_heads=8, head_dim=8, expand=2,
+                          state_size=16, n_groups=2, conv_kernel=4, chunk_size=8, use_bias=True,
+                          time_step_limit=(0.0, 0.5))
+
+
+def _falcon_h1_cfg(T, rms_norm):
+    return T.FalconH1Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=8,
+                            mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_d_ssm=64,
+                            mamba_chunk_size=8, mamba_rms_norm=rms_norm, max_position_embeddings=128,
+                            ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9], ssm_in_multiplier=1.3)
+
+
+# family -> (transformers model class name, config maker, kind)
+FAMILIES = {
+    "Mamba2": ("Mamba2ForCausalLM", _mamba2_cfg, "mamba2"),
+    "Bamba": ("BambaForCausalLM", lambda T: T.BambaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, max_position_embeddings=128), "mamba2"),
+    "NemotronH": ("NemotronHForCausalLM", lambda T: T.NemotronHConfig(
+        vocab_size=V, hidden_size=32, layers_block_type=["mamba", "attention", "mamba", "mlp"], num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, intermediate_size=64, mamba_num_heads=8, mamba_head_dim=8,
+        ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8, max_position_embeddings=128), "mamba2"),
+    "FalconH1": ("FalconH1ForCausalLM", lambda T: _falcon_h1_cfg(T, False), "mamba2"),
+    "FalconH1-gated-norm": ("FalconH1ForCausalLM", lambda T: _falcon_h1_cfg(T, True), "mamba2"),
+    "Zamba2": ("Zamba2ForCausalLM", lambda T: T.Zamba2Config(
+        vocab_size=V, hidden_size=32, num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "mamba"],
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_ngroups=2, n_mamba_heads=8, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=64, num_mem_blocks=1, chunk_size=8, max_position_embeddings=128,
+        adapter_rank=4), "mamba2"),
+    "GraniteMoeHybrid": ("GraniteMoeHybridForCausalLM", lambda T: T.GraniteMoeHybridConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        layer_types=["mamba", "attention", "mamba"], num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=64, mamba_n_heads=8, mamba_d_head=8,
+        mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
+        max_position_embeddings=128), "mamba2"),
+    "Mamba": ("MambaForCausalLM", lambda T: T.MambaConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4,
+        time_step_rank=8), "mamba1"),
+    "FalconMamba": ("FalconMambaForCausalLM", lambda T: T.FalconMambaConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4,
+        time_step_rank=8), "mamba1"),
+    "Jamba": ("JambaForCausalLM", lambda T: T.JambaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, mamba_dt_rank=8, max_position_embeddings=128), "mamba1"),
+}
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """transformers' reference runs cuDNN convs and matmuls on CUDA: keep them out of TF32."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def build(family, device):
+    cls_name, make_config, kind = FAMILIES[family]
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
+    torch.manual_seed(0)
+    config = make_config(transformers)
+    config._attn_implementation = "eager"
+    return cls(config).to(device).eval(), kind
+
+
+def run(model, ids, cache, start, **extra):
+    """One forward pass of tokens [start, start + len) through the cache; returns the logits."""
+    params = inspect.signature(model.forward).parameters
+    kwargs = dict(use_cache=True, **extra)
+    kwargs[next(k for k in ("cache", "past_key_values", "cache_params") if k in params)] = cache
+    if "position_ids" in params:
+        kwargs["position_ids"] = torch.arange(start, start + ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+    return model(input_ids=ids, **kwargs).logits
+
+
+def session(model, ids, chunks, decode, cache=None, start=0):
+    """Prefill ids in the given chunks, then decode the tokens of `decode` one by one."""
+    cache = DynamicCache(config=model.config) if cache is None else cache
+    outs, pos = [], start
+    for n in chunks:
+        outs.append(run(model, ids[:, pos:pos + n], cache, pos))
+        pos += n
+    for i in range(decode.shape[1]):
+        outs.append(run(model, decode[:, i:i + 1], cache, pos))
+        pos += 1
+    return torch.cat(outs, 1), cache
+
+
+def reference(model, ids, chunks, decode):
+    """transformers' own logits (and cache) for session(model, ids, chunks, decode).
+
+    Where transformers' own one-token step fails on the installed release (FalconH1 with
+    mamba_rms_norm in transformers 5.17 mis-shapes its gated norm for one token), the reference
+    is one full pass over prompt and decode tokens: the same logits by the model's math.
+    """
+    try:
+        return session(model, ids, chunks, decode)
+    except RuntimeError:
+        if not decode.shape[1]:
+            raise
+        out, cache = session(model, torch.cat([ids, decode], 1), [ids.shape[1] + decode.shape[1]], decode[:, :0])
+        return out, cache
+
+
+def inputs(device, batch=2):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randint(0, V, (batch, PROMPT), generator=g).to(device),
+            torch.randint(0, V, (batch, DECODE), generator=g).to(device))
+
+
+def ssm_layer_ids(model):
+    return sorted(m.layer_idx for m in model.modules() if "_ssm_kernels_pass" in m.__dict__)
+
+
+def cache_states(cache, layers):
+    """Copies of every state the cache holds for the given SSM layers, plus attention lengths."""
+    out = {}
+    for i in layers:
+        layer = hf_cache.linear_layer(cache, i)
+        out[i] = (hf_cache.has_previous(layer),
+                  None if layer.conv_states[0] is None else layer.conv_states[0].clone(),
+                  None if layer.recurrent_states[0] is None else layer.recurrent_states[0].clone())
+    return out, hf_cache.attention_lengths(cache)
+
+
+def assert_same_states(a, b):
+    (sa, la), (sb, lb) = a, b
+    assert la == lb
+    for i in sa:
+        assert sa[i][0] == sb[i][0]
+        for x, y in zip(sa[i][1:], sb[i][1:]):
+            assert (x is None and y is None) or torch.equal(x, y), f"layer {i} changed"
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_match_transformers(family, device):
+    """Full prefill, chunked prefill through the cache and decode steps give transformers' logits,
+    and leave the cache holding transformers' states."""
+    model, kind = build(family, device)
+    ids, dec = inputs(device)
+    ref_full, ref_cache = reference(model, ids, [PROMPT], dec)
+    ref_chunked, _ = reference(model, ids, [SPLIT, PROMPT - SPLIT], dec)
+    use_ssm_kernels(model)
+    full, cache = session(model, ids, [PROMPT], dec)
+    chunked, _ = session(model, ids, [SPLIT, PROMPT - SPLIT], dec)
+
+    assert_rel_close(full, ref_full, TOL, "full prefill + decode logits")
+    # transformers' Mamba-1 PyTorch path restarts the SSM state from zeros in a multi-token pass
+    # that continues from the cache; the adapter continues, so chunked matches the full pass.
+    assert_rel_close(chunked, ref_full, TOL, "chunked prefill + decode logits vs one full pass")
+    if kind == "mamba2":
+        assert_rel_close(chunked, ref_chunked, TOL, "chunked prefill + decode logits vs transformers chunked")
+    for i in ssm_layer_ids(model):
+        ours, theirs = hf_cache.linear_layer(cache, i), hf_cache.linear_layer(ref_cache, i)
+        assert_rel_close(ours.recurrent_states[0], theirs.recurrent_states[0], TOL, f"layer {i} SSM state")
+        assert_rel_close(ours.conv_states[0], theirs.conv_states[0], TOL, f"layer {i} conv state")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_capture_then_restore_continues(family, device):
+    """States captured inside prefill passes, restored into another cache, continue as the full
+    prompt would: the attention cache (hybrids) comes from a prefix pass, the SSM states from the
+    snapshots (the cache's own SSM states are scrambled first)."""
+    model, _ = build(family, device)
+    ids, dec = inputs(device)
+    ref, _ = reference(model, ids, [PROMPT], dec)
+    use_ssm_kernels(model)
+    layers = ssm_layer_ids(model)
+    with capture_states(model, positions=CAPTURE) as snaps:
+        session(model, ids, [SPLIT, PROMPT - SPLIT], dec[:, :0])
+    assert snaps.positions == list(CAPTURE)
+    assert len(snaps) == len(CAPTURE) * len(layers) * ids.shape[0]
+    assert all(isinstance(s, Snapshot) for s in snaps)
+    at = CAPTURE[1]
+
+    cache = DynamicCache(config=model.config)
+    hybrid = bool(hf_cache.attention_lengths(cache))
+    if hybrid:  # attention keys/values for [0, at); SSM states then replaced by garbage
+        run(model, ids[:, :at], cache, 0)
+        for i in layers:
+            snap = [s for s in snaps.at(at) if s.layer == i][0]
+            state = hf_cache.linear_layer(cache, i)
+            assert_rel_close(state.recurrent_states[0][0], snap.ssm, TOL, "in-pass capture vs pass-end state")
+            assert_rel_close(state.conv_states[0][0, :, 1:], snap.conv, TOL, "in-pass conv capture")
+            state.recurrent_states[0].normal_()
+            state.conv_states[0].normal_()
+    restore_states(model, cache, snaps.at(at), position=at)
+    out, _ = session(model, ids, [PROMPT - at], dec, cache=cache, start=at)
+    assert_rel_close(out, ref[:, at:], TOL, f"continuation from the snapshot at {at}")
+
+    # and the adapter knows where the restored cache is: a later capture lands at the right place
+    with capture_states(model, offsets=[0]) as again:
+        run(model, dec[:, :1], cache, PROMPT + DECODE)
+    assert again.positions == [PROMPT + DECODE]
+
+
+@pytest.mark.parametrize("family", ["Mamba2", "Jamba"])
+def test_generate_matches_transformers(family, device):
+    """transformers' generate() runs the patched model (its own cache handling) to the same tokens."""
+    model, _ = build(family, device)
+    ids, _ = inputs(device)
+    opts = dict(max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    ref = model.generate(ids, **opts)
+    use_ssm_kernels(model)
+    assert torch.equal(model.generate(ids, **opts), ref)
+
+
+@pytest.mark.parametrize("family", ["Mamba2", "Bamba", "Jamba"])
+def test_restore_rejects_bad_snapshots(family, device):
+    """Wrong layer, shape, position, batch or type: a clear error, and the cache is untouched."""
+    model, _ = build(family, device)
+    use_ssm_kernels(model)
+    ids, _ = inputs(device)
+    layers = ssm_layer_ids(model)
+    with capture_states(model, positions=CAPTURE) as snaps:
+        session(model, ids, [SPLIT, PROMPT - SPLIT], ids[:, :0])
+    good = snaps.at(CAPTURE[1])
+    cache = DynamicCache(config=model.config)
+    run(model, ids[:, :CAPTURE[1]], cache, 0)
+    hybrid = bool(hf_cache.attention_lengths(cache))
+    other = next(i for i in range(len(cache.layers) + 1) if i not in layers)  # not an SSM layer
+    swap = lambda s, **kw: LayerSnapshot(**{**dict(position=s.position, conv=s.conv, ssm=s.ssm, layer=s.layer), **kw})
+    before = cache_states(cache, layers)
+
+    cases = [
+        ([swap(s, layer=other) if s.layer == layers[0] else s for s in good], ValueError, "snapshots for layers"),
+        ([s for s in good if s.layer != layers[-1]], ValueError, "no snapshot for SSM layers"),
+        ([swap(s, ssm=s.ssm[..., :-1]) for s in good], ValueError, "SSM state|ssm state has shape"),
+        ([swap(s, conv=s.conv[:-1]) for s in good], ValueError, "conv state has shape"),
+        ([swap(s, ssm=s.ssm.double()) for s in good], TypeError, "must be float32"),
+        ([swap(s, position=CAPTURE[0]) if s.layer == layers[0] else s for s in good], ValueError, "one position"),
+        (snaps.at(CAPTURE[0]), ValueError, "attention layers hold" if hybrid else None),
+        ([s for i, s in enumerate(good) if i % 2 == 0], ValueError, "batch 1|same number"),
+        ([Snapshot(s.position, s.conv, s.ssm) for s in good], TypeError, "must be a LayerSnapshot"),
+        ([], ValueError, "needs snapshots"),
+    ]
+    for bad, error, message in cases:
+        if message is None:
+            continue
+        with pytest.raises(error, match=message):
+            restore_states(model, cache, bad)
+        assert_same_states(cache_states(cache, layers), before)
+    with pytest.raises(ValueError, match="expected position"):
+        restore_states(model, cache, good, position=CAPTURE[1] + 1)
+    assert_same_states(cache_states(cache, layers), before)
+
+
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
+def test_left_padding_matches_transformers(family, device):
+    """A left-padded batch with an attention mask gives transformers' logits (prefill and decode);
+    captures in a padded pass are refused."""
+    model, _ = build(family, device)
+    ids, dec = inputs(device)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+
+    def padded():
+        cache = DynamicCache(config=model.config)
+        outs = [run(model, ids, cache, 0, attention_mask=mask)]
+        for i in range(DECODE):  # decode tokens are never padding (no attention layers need the mask)
+            outs.append(run(model, dec[:, i:i + 1], cache, PROMPT + i))
+        return torch.cat(outs, 1)
+
+    ref = padded()
+    use_ssm_kernels(model)
+    assert_rel_close(padded(), ref, TOL, "left-padded logits")
+    with pytest.raises(ValueError, match="unpadded"), capture_states(model, offsets=[3]):
+        run(model, ids, DynamicCache(config=model.config), 0, attention_mask=mask)
+
+
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
+def test_decode_step_captures(family, device):
+    """Offsets 0 and 1 of a one-token pass are the states before and after it."""
+    model, _ = build(family, device)
+    use_ssm_kernels(model)
+    ids, dec = inputs(device)
+    cache = DynamicCache(config=model.config)
+    run(model, ids, cache, 0)
+    layers = ssm_layer_ids(model)
+    before = {i: hf_cache.linear_layer(cache, i).recurrent_states[0].clone() for i in layers}
+    with capture_states(model, offsets=[1, 0]) as snaps:
+        run(model, dec[:, :1], cache, PROMPT)
+    assert snaps.positions == [PROMPT, PROMPT + 1]
+    for s in snaps:
+        row = [id(t) for t in snaps if t.layer == s.layer and t.position == s.position].index(id(s))
+        want = before[s.layer] if s.position == PROMPT else hf_cache.linear_layer(cache, s.layer).recurrent_states[0]
+        assert torch.equal(s.ssm, want[row])
+        if s.position == PROMPT + 1:
+            assert torch.equal(s.conv, hf_cache.linear_layer(cache, s.layer).conv_states[0][row, :, 1:])
+
+
+def test_unsupported_models_and_calls_are_rejected(device):
+    """No SSM mixer, an unknown one, autograd, packed sequences, bad capture requests."""
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4))
+    with pytest.raises(ValueError, match="no SSM mixer"):
+        use_ssm_kernels(llama)
+
+    model, _ = build("Mamba2", device)
+    model.extra = torch.nn.Module()
+    model.extra.A_log = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(NotImplementedError, match="cannot run"):
+        use_ssm_kernels(model)
+    assert not ssm_layer_ids(model), "nothing may be patched when the model is rejected"
+    del model.extra
+
+    ids, _ = inputs(device)
+    with pytest.raises(ValueError, match="use_ssm_kernels"), capture_states(model, offsets=[1]):
+        pass
+    use_ssm_kernels(model)
+    with torch.enable_grad(), pytest.raises(RuntimeError, match="inference-only"):
+        model(input_ids=ids)
+    mixer = model.backbone.layers[0].mixer
+    with pytest.raises(NotImplementedError, match="packed sequences"):
+        mixer(torch.randn(1, 4, 32, device=device), seq_idx=torch.zeros(1, 4, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="exactly one"), capture_states(model):
+        pass
+    with pytest.raises(ValueError, match="non-negative"), capture_states(model, positions=[-1]):
+        pass
+    cache = DynamicCache(config=model.config)
+    with pytest.raises(ValueError, match="past this pass"), capture_states(model, offsets=[PROMPT + 1]):
+        run(model, ids, cache, 0)
+    assert not any(hf_cache.has_previous(hf_cache.linear_layer(cache, i)) for i in ssm_layer_ids(model)), \
+        "a rejected capture request must not run any layer"
+
+    remove_ssm_kernels(model)
+    assert not ssm_layer_ids(model) and "forward" not in model.backbone.layers[0].mixer.__dict__

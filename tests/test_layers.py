@@ -1,0 +1,211 @@
+"""Mamba mixer layers: transformers' weights load unchanged and give its outputs; snapshots
+restore bit for bit; the decode step equals a one-token pass; mismatched states are rejected."""
+import pytest
+import torch
+
+from helpers import assert_rel_close
+from ssm_kernels.layers import LayerState, Mamba1Mixer, Mamba2Mixer
+
+HIDDEN = 32
+
+
+def mamba2(**kw):
+    return Mamba2Mixer(HIDDEN, num_heads=4, head_dim=8, state_size=16, n_groups=2, **kw)
+
+
+def mamba1(**kw):
+    return Mamba1Mixer(HIDDEN, intermediate_size=24, state_size=8, **kw)
+
+
+MIXERS = {"mamba2": mamba2, "mamba1": mamba1}
+
+
+def randomised(layer):
+    """Perturb every parameter so that no term of the math hides behind a default init."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return layer.eval()
+
+
+# -------------------------------------------------------------------------------------------
+# transformers compatibility
+# -------------------------------------------------------------------------------------------
+def hf_pair(kind):
+    transformers = pytest.importorskip("transformers")
+    if kind == "mamba2":
+        from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer as HFMixer
+        config = transformers.Mamba2Config(hidden_size=HIDDEN, num_heads=4, head_dim=16, expand=2, state_size=16,
+                                           n_groups=2, conv_kernel=4, chunk_size=8, num_hidden_layers=1,
+                                           use_bias=True)
+        ours = Mamba2Mixer.from_config(config, backend="torch")
+    else:
+        from transformers.models.mamba.modeling_mamba import MambaMixer as HFMixer
+        config = transformers.MambaConfig(hidden_size=HIDDEN, intermediate_size=48, state_size=8, conv_kernel=4,
+                                          num_hidden_layers=1)
+        ours = Mamba1Mixer.from_config(config, backend="torch")
+    return randomised(HFMixer(config, layer_idx=0)), ours
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("kind", ["mamba2", "mamba1"])
+def test_loads_transformers_weights_and_matches_its_torch_forward(kind):
+    hf, ours = hf_pair(kind)
+    hf_sd = hf.state_dict()
+    assert set(ours.state_dict()) == set(hf_sd)
+    ours.load_state_dict(hf_sd, strict=True)
+    hidden = torch.randn(2, 19, HIDDEN)
+    with torch.no_grad():
+        want = hf(hidden)
+        got = ours(hidden)
+    assert_rel_close(got.out, want, 1e-5, "out")
+    assert got.state.positions == (19, 19)
+
+
+# -------------------------------------------------------------------------------------------
+# Exactness: snapshots, splits, neighbours, decode
+# -------------------------------------------------------------------------------------------
+SEQLEN = 11
+
+
+@pytest.fixture(params=sorted(MIXERS))
+def layer(request):
+    return randomised(MIXERS[request.param](backend="torch"))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("k", [0, 1, 2, SEQLEN - 1, SEQLEN])
+def test_restoring_a_snapshot_continues_bitwise(layer, k):
+    hidden = torch.randn(1, SEQLEN, HIDDEN)
+    whole = layer(hidden, capture=[(0, k)])
+    (snap,) = whole.snapshots
+    assert snap.position == k
+    tail = layer(hidden[:, k:], state=layer.restore(snap))
+    assert torch.equal(tail.out, whole.out[:, k:])
+    assert torch.equal(tail.state.conv, whole.state.conv) and torch.equal(tail.state.ssm, whole.state.ssm)
+    head = layer(hidden[:, :k])
+    assert torch.equal(head.out, whole.out[:, :k])
+    assert torch.equal(head.state.conv[0], snap.conv) and torch.equal(head.state.ssm[0], snap.ssm)
+
+
+@torch.no_grad()
+def test_positions_are_absolute(layer):
+    hidden = torch.randn(1, 9, HIDDEN)
+    first = layer(hidden[:, :4])
+    assert first.state.position == 4
+    second = layer(hidden[:, 4:], state=first.state, capture=[(0, 5), (0, 0), (0, 2)])
+    assert [s.position for s in second.snapshots] == [9, 4, 6]
+    assert second.state.position == 9
+    assert torch.equal(second.snapshots[0].ssm, second.state.ssm[0])
+    assert torch.equal(second.snapshots[1].conv, first.state.conv[0])
+
+
+@torch.no_grad()
+def test_varlen_neighbours_and_dense_batch_change_nothing(layer):
+    hidden = torch.randn(1, SEQLEN, HIDDEN)
+    alone = layer(hidden, capture=[(0, 4)])
+    other = torch.randn(1, 5, HIDDEN)
+    packed = layer(torch.cat([other, hidden, other[:, :1]], dim=1), cu_seqlens=torch.tensor([0, 5, 5, 16, 17]),
+                   capture=[(2, 4), (0, 1)])
+    assert torch.equal(packed.out[:, 5:16], alone.out)
+    assert torch.equal(packed.state.ssm[2], alone.state.ssm[0]) and torch.equal(packed.state.conv[2], alone.state.conv[0])
+    assert torch.equal(packed.snapshots[0].ssm, alone.snapshots[0].ssm)
+    assert packed.state.positions == (5, 0, SEQLEN, 1)
+    dense = layer(torch.cat([torch.randn_like(hidden), hidden]))
+    assert torch.equal(dense.out[1], alone.out[0])
+
+
+@torch.no_grad()
+def test_decode_step_equals_one_token_pass_and_continues_a_prefill(layer):
+    hidden = torch.randn(2, 6, HIDDEN)
+    whole = layer(hidden)
+    state = layer(hidden[:, :5]).state
+    out = layer.step(hidden[:, 5], state)
+    assert torch.equal(out, whole.out[:, 5])
+    assert torch.equal(state.conv, whole.state.conv) and torch.equal(state.ssm, whole.state.ssm)
+    assert state.positions == (6, 6)
+
+
+@torch.no_grad()
+def test_bfloat16_split_is_bitwise():
+    layer = randomised(mamba2(backend="torch", dtype=torch.bfloat16))
+    hidden = torch.randn(1, 9, HIDDEN, dtype=torch.bfloat16)
+    whole = layer(hidden, capture=[(0, 5)])
+    assert whole.snapshots[0].conv.dtype == torch.bfloat16 and whole.snapshots[0].ssm.dtype == torch.float32
+    tail = layer(hidden[:, 5:], state=layer.restore(whole.snapshots))
+    assert torch.equal(tail.out, whole.out[:, 5:])
+
+
+@torch.no_grad()
+def test_triton_backend_runs_the_layer_bitwise():
+    """Both kernels through Triton (the interpreter on CPU): a restored snapshot continues exactly
+    and the result is close to the PyTorch path."""
+    layer = randomised(mamba2(backend="triton"))
+    hidden = torch.randn(1, 7, HIDDEN)
+    whole = layer(hidden, capture=[(0, 3)])
+    tail = layer(hidden[:, 3:], state=layer.restore(whole.snapshots[0]))
+    assert torch.equal(tail.out, whole.out[:, 3:]) and torch.equal(tail.state.ssm, whole.state.ssm)
+    layer.backend = "torch"
+    assert_rel_close(whole.out, layer(hidden).out.double(), 1e-5, "triton vs torch")
+
+
+@torch.no_grad()
+def test_batched_projections_are_close_to_the_exact_path(layer):
+    hidden = torch.randn(2, 9, HIDDEN)
+    exact = layer(hidden).out
+    layer.exact = False
+    assert_rel_close(layer(hidden).out, exact.double(), 1e-5, "exact=False")
+
+
+@torch.no_grad()
+def test_chunked_algorithm_is_close_and_captures_the_same_states():
+    layer = randomised(mamba2(backend="torch"))
+    hidden = torch.randn(1, 40, HIDDEN)
+    exact = layer(hidden, capture=[(0, 17)])
+    layer.algorithm, layer.chunk_size = "chunked", 16
+    fast = layer(hidden, capture=[(0, 17)])
+    assert_rel_close(fast.out, exact.out.double(), 1e-5, "chunked out")
+    assert_rel_close(fast.snapshots[0].ssm, exact.snapshots[0].ssm.double(), 1e-5, "chunked capture")
+    assert torch.equal(fast.snapshots[0].conv, exact.snapshots[0].conv)
+
+
+# -------------------------------------------------------------------------------------------
+# Mismatched states and snapshots
+# -------------------------------------------------------------------------------------------
+def test_snapshot_of_another_shape_is_rejected():
+    small, other = mamba2(), Mamba2Mixer(HIDDEN, num_heads=8, head_dim=4, state_size=16, n_groups=2)
+    with torch.no_grad():
+        snap = other(torch.randn(1, 3, HIDDEN), capture=[(0, 2)]).snapshots[0]
+    with pytest.raises(ValueError, match=r"ssm state of shape \(8, 4, 16\), but Mamba2Mixer .* needs \(4, 8, 16\)"):
+        small.restore(snap)
+    with torch.no_grad():
+        m1_snap = mamba1()(torch.randn(1, 3, HIDDEN), capture=[(0, 1)]).snapshots[0]
+    with pytest.raises(ValueError, match="taken from a layer of another shape"):
+        small.restore(m1_snap)
+    with pytest.raises(TypeError, match="must be a Snapshot"):
+        small.restore([object()])
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda s: LayerState(s.conv[:, :-1], s.ssm, s.positions), ValueError, r"state.conv must have shape"),
+    (lambda s: LayerState(s.conv, s.ssm.double(), s.positions), TypeError, "state.ssm must have dtype float32"),
+    (lambda s: LayerState(s.conv.bfloat16(), s.ssm, s.positions), TypeError, "state.conv must have the hidden"),
+    (lambda s: LayerState(s.conv, s.ssm, (0, 0)), ValueError, "state.positions must hold 1 positions"),
+    (lambda s: (s.conv, s.ssm), TypeError, "state must be a LayerState"),
+])
+def test_bad_state_is_rejected(bad, error, message):
+    layer = mamba2()
+    with pytest.raises(error, match=message):
+        layer(torch.randn(1, 3, HIDDEN), state=bad(layer.initial_state()))
+
+
+def test_bad_hidden_states_and_captures_are_rejected():
+    layer = mamba2()
+    with pytest.raises(ValueError, match=r"hidden_states must have shape .*hidden_size is 31, expected 32"):
+        layer(torch.randn(1, 3, HIDDEN - 1))
+    with pytest.raises(ValueError, match="capture offset 4 for sequence 0 is past its length 3"):
+        layer(torch.randn(1, 3, HIDDEN), capture=[(0, 4)])
+    with pytest.raises(ValueError, match="position is defined for a single-sequence state"):
+        layer.initial_state(2).position
+    with pytest.raises(ValueError, match="hidden_act must be 'silu'"):
+        mamba2(hidden_act="gelu")

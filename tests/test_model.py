@@ -1,0 +1,170 @@
+"""The hybrid model served with the planner: a warm request's logits are bit-identical to a cold
+one-pass prefill of the same prompt, for every policy, on the incident and on planner traces."""
+import pytest
+import torch
+
+from planner import POLICIES, agentic_branching, multi_turn_chat
+from ssm_kernels.demo import Incident
+from ssm_kernels.model import Engine, HybridConfig, HybridLM, KVBlockStore
+
+CONFIG = HybridConfig(vocab_size=64, hidden_size=32, num_layers=4, attention_every=2, num_attention_heads=2,
+                      mamba_heads=2, mamba_head_dim=32, state_size=8, mlp_size=48, seed=3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Token-sized ops: extra threads only spin (badly so on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return HybridLM(CONFIG, backend="torch")
+
+
+@pytest.fixture(scope="module")
+def references(model):
+    """One cold single-pass prefill per prompt, shared by the tests of this module."""
+    cache = {}
+
+    def reference(tokens):
+        key = tuple(tokens)
+        if key not in cache:
+            cache[key] = model.prefill(key)
+        return cache[key]
+
+    return reference
+
+
+def prompt(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CONFIG.vocab_size, (n,), generator=g).tolist()
+
+
+# -------------------------------------------------------------------------------------------
+# The model itself
+# -------------------------------------------------------------------------------------------
+def test_layer_pattern_and_seeded_weights():
+    assert CONFIG.layer_types == ("mamba2", "attention", "mamba2", "attention")
+    a, b = HybridLM(CONFIG), HybridLM(CONFIG)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    other = HybridLM(HybridConfig(**{**CONFIG.__dict__, "seed": 4}))
+    assert not torch.equal(a.embed.weight, other.embed.weight)
+
+
+def test_any_split_with_captures_is_bitwise(model, references):
+    tokens = prompt(37)
+    state, logits, snapshots = model.new_state(), [], []
+    for lo, hi, capture in [(0, 1, [1]), (1, 14, [0, 5, 13]), (14, 15, []), (15, 37, [22, 3])]:
+        out = model.forward_pass(tokens[lo:hi], state, capture=capture)
+        logits.append(out.logits)
+        snapshots += out.snapshots
+    assert state.position == 37
+    assert torch.equal(torch.cat(logits), references(tokens))
+    assert [s.position for s in snapshots] == [1, 1, 6, 14, 37, 18]
+    # Restore the snapshot at 6 (with the KV of [0, 6)) and continue: the same logits.
+    kv = [(k[:6], v[:6]) for k, v in model.kv_rows(state)]
+    resumed = model.forward_pass(tokens[6:], model.restore(snapshots[2], kv))
+    assert torch.equal(resumed.logits, references(tokens)[6:])
+
+
+def test_last_logits_only(model, references):
+    tokens = prompt(9, seed=1)
+    out = model.forward_pass(tokens, model.new_state(), logits="last")
+    assert torch.equal(out.logits, references(tokens)[-1:])
+
+
+def test_restore_and_inputs_are_checked(model):
+    out = model.forward_pass(prompt(5), model.new_state(), capture=[5])
+    kv = model.kv_rows(out.state)
+    with pytest.raises(ValueError, match=r"KV rows \(4\) must cover the snapshot's 5 positions"):
+        model.restore(out.snapshots[0], [(k[:4], v[:4]) for k, v in kv])
+    with pytest.raises(ValueError, match="does not fit a model"):
+        model.restore(out.snapshots[0], kv[:1])
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
+        model.forward_pass([1, 64], model.new_state())
+    with pytest.raises(ValueError, match="logits must be one of"):
+        model.forward_pass([1], model.new_state(), logits="first")
+    with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
+        HybridConfig(num_layers=0)
+
+
+def test_kv_block_store_finds_blocks_by_their_whole_prefix():
+    store = KVBlockStore(block_size=2)
+    k = torch.arange(5.0).view(5, 1, 1)
+    store.insert([1, 2, 3, 4, 5], [(k, -k)])
+    assert store.blocks == 2  # the trailing partial block is not stored
+    (got,) = store.gather([1, 2, 3, 4, 9], 3)
+    assert torch.equal(got[0], k[:3]) and torch.equal(got[1], -k[:3])
+    assert store.gather([9, 2, 3, 4], 3) is None  # same second block, another prefix
+    assert store.gather([1, 2, 3, 4], 0) == []
+
+
+# -------------------------------------------------------------------------------------------
+# Serving: warm == cold, bitwise, for every policy
+# -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", POLICIES)
+def test_incident_warm_request_is_bitwise_and_restores_where_the_seed_says(model, references, policy):
+    """The seed's incident at 1/256 scale (budget 32, first chunk 33, 132 tokens, block 16)."""
+    incident = Incident(256)
+    budget = incident.budget
+    tokens = prompt(incident.total, seed=7)
+    engine = Engine(model, policy=policy, **incident.rules())
+    cold = engine.serve(tokens)
+    warm = engine.serve(tokens)
+    expected = {"legacy": (3 * budget + 1, budget + 3), "split": (4 * budget - 16, 20),
+                "inpass": (4 * budget, 4), "free": (4 * budget, 4)}[policy]
+    assert (warm.restore_point, warm.replayed) == expected
+    assert warm.matched == 4 * budget
+    assert torch.equal(cold.logits, references(tokens))
+    assert torch.equal(warm.logits, references(tokens)[warm.restore_point:])
+    if policy in ("inpass", "free"):
+        assert 4 * budget - 16 in cold.captures  # the tail split point, captured inside a pass
+
+
+TRACES = {
+    "chat": lambda: multi_turn_chat(conversations=2, turns=3, system_tokens=40, message_tokens=(3, 20),
+                                    reply_tokens=(3, 20), vocab_size=CONFIG.vocab_size, seed=1),
+    "agent": lambda: agentic_branching(contexts=2, branches=3, context_tokens=(50, 90), continuation_tokens=(3, 15),
+                                       vocab_size=CONFIG.vocab_size, seed=2),
+}
+
+
+@pytest.mark.parametrize("trace", sorted(TRACES))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_traces_are_served_bitwise(model, references, trace, policy):
+    engine = Engine(model, policy=policy, block_size=8, budget=24, first_budget=25, interval=2)
+    hits = 0
+    for tokens in TRACES[trace]():
+        result = engine.serve(tokens)
+        hits += result.restore_point > 0
+        assert result.replayed == len(tokens) - result.restore_point >= 1
+        assert torch.equal(result.logits, references(tokens)[result.restore_point:]), (trace, policy, result)
+    assert hits >= 3  # the later turns and branches did restore
+
+
+def test_eviction_keeps_serving_bitwise(model, references):
+    trace = TRACES["chat"]()
+    engine = Engine(model, policy="free", block_size=8, budget=24, interval=1, max_snapshots=3, eviction="utility")
+    for tokens in trace:
+        result = engine.serve(tokens)
+        assert torch.equal(result.logits, references(tokens)[result.restore_point:])
+        assert len(engine.snapshots) == len(engine.cache) <= 3
+
+
+def test_last_token_logits_engine(model, references):
+    tokens = prompt(50, seed=5)
+    engine = Engine(model, policy="inpass", block_size=8, budget=16, logits="last")
+    engine.serve(tokens)
+    warm = engine.serve(tokens)
+    assert warm.restore_point == 48 and torch.equal(warm.logits, references(tokens)[-1:])
+
+
+def test_engine_rejects_bad_rules(model):
+    with pytest.raises(ValueError, match="policy"):
+        Engine(model, policy="eager", block_size=8, budget=16)
+    with pytest.raises(ValueError, match="at least 1 token"):
+        Engine(model, policy="split", block_size=8, budget=16).serve([])
