@@ -11,6 +11,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from . import _triton
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "triton", "torch")
@@ -207,11 +209,34 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
                         to_device([r for _, _, r in entries]), entries)
 
 
+def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
+                        device: torch.device) -> torch.Tensor:
+    """The slots a decode batch updates in place, as int64: state_indices (distinct, in range)
+    or 0..batch-1."""
+    if state_indices is None:
+        if batch > nslots:
+            raise ValueError(f"without state_indices the batch ({batch}) must not exceed {state_name}'s "
+                             f"slots ({nslots})")
+        return torch.arange(batch, device=device)
+    check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+    slots = state_indices.tolist()
+    for i, slot in enumerate(slots):
+        if not 0 <= slot < nslots:
+            raise ValueError(f"state_indices[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
+    if len(set(slots)) != len(slots):
+        raise ValueError("state_indices must be distinct: two rows updating one slot would race")
+    return state_indices.to(torch.int64)
+
+
 # ---------------------------------------------------------------------------------------------
 # Backend choice
 # ---------------------------------------------------------------------------------------------
-def resolve_backend(backend: str, device: torch.device, triton_runs_on_cpu: bool) -> str:
-    """'auto' is Triton on CUDA and the PyTorch path elsewhere."""
+def resolve_backend(backend: str, device: torch.device, triton_runs_on_cpu: bool | None = None) -> str:
+    """Validate `backend` for tensors on `device`; 'auto' is Triton on CUDA, PyTorch elsewhere.
+
+    triton_runs_on_cpu defaults to whether the kernels were defined under TRITON_INTERPRET=1."""
+    if triton_runs_on_cpu is None:
+        triton_runs_on_cpu = _triton.RUNS_ON_CPU
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":

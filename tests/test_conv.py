@@ -258,7 +258,7 @@ def test_causal_conv1d_update_rejects_and_writes_nothing(changes, error, message
 
 
 def test_triton_backend_needs_cuda_or_the_interpreter(monkeypatch):
-    import ssm_kernels.conv.conv1d as conv1d
-    monkeypatch.setattr(conv1d, "RUNS_ON_CPU", False)
+    import ssm_kernels._triton
+    monkeypatch.setattr(ssm_kernels._triton, "RUNS_ON_CPU", False)
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         call(backend="triton")

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..scan.problem import ScanProblem
-from ..scan.triton_kernel import RUNS_ON_CPU, _ptr, _strides
+from .._triton import RUNS_ON_CPU, ptr_or, softplus, strides_or_zeros
 from .plan import ChunkPlan
 
 
@@ -86,15 +86,6 @@ def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
 
 
 @triton.jit
-def _softplus(v):
-    """log1p(exp(v)), identity above 20; log1p(u) as log(w) * u / (w - 1), w = 1 + u (Goldberg)."""
-    u = tl.exp(tl.minimum(v, 20.0))
-    w = 1.0 + u
-    log1p_u = tl.where(w == 1.0, u, tl.log(w) * u / tl.where(w == 1.0, 1.0, w - 1.0))
-    return tl.where(v <= 20.0, log1p_u, v)
-
-
-@triton.jit
 def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr,
                       nheads, dt_min, dt_max, s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
                       HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
@@ -109,7 +100,7 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
     if HAS_DT_BIAS:
         b_dt += tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
     if DT_SOFTPLUS:
-        b_dt = _softplus(b_dt)
+        b_dt = softplus(b_dt)
     b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
     b_dt = tl.where(m_t, b_dt, 0.0)  # tokens past the chunk neither decay nor contribute
     b_cs = tl.cumsum(b_dt * tl.load(A_ptr + i_h * s_A_h).to(tl.float32), axis=0)
@@ -316,7 +307,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     n_pblocks = triton.cdiv(headdim, bp)
     if nchunks:
         _dt_cumsum_kernel[(nchunks, nheads)](
-            dt, A, _ptr(dt_bias, A), plan.chunks, dt_s, cs_s, nheads, p.dt_min, p.dt_max,
+            dt, A, ptr_or(dt_bias, A), plan.chunks, dt_s, cs_s, nheads, p.dt_min, p.dt_max,
             *dt.stride(), A.stride(0), dt_bias.stride(0) if dt_bias is not None else 0,
             HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=p.dt_softplus, CHUNK=chunk, **launch)
         _chunk_state_kernel[(nchunks, nheads, n_pblocks)](
@@ -326,16 +317,16 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     if nseq:
         pass_bp = cfg["PASS_BLOCK_P"]
         _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim, pass_bp))](
-            _ptr(states, out), _ptr(cs_s, out), _ptr(plan.chunks, plan.seq_chunks), plan.seq_chunks,
-            _ptr(p.state_in, out), out, headdim, dstate, nheads,
-            *st_strides, *_strides(p.state_in, 4), *out.stride(),
+            ptr_or(states, out), ptr_or(cs_s, out), ptr_or(plan.chunks, plan.seq_chunks), plan.seq_chunks,
+            ptr_or(p.state_in, out), out, headdim, dstate, nheads,
+            *st_strides, *strides_or_zeros(p.state_in, 4), *out.stride(),
             HAS_INITIAL_STATE=p.state_in is not None, CHUNK=chunk, BLOCK_P=pass_bp, BLOCK_N=bn,
             **launch)
     if nchunks:
         _chunk_output_kernel[(nchunks, nheads, triton.cdiv(chunk, bm) * n_pblocks)](
-            p.x, p.B, p.C, _ptr(p.D, out), _ptr(p.z, out), p.y, dt_s, cs_s, plan.chunks, states,
+            p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, states,
             headdim, dstate, nheads, heads_per_group, n_pblocks,
-            *x_strides, *B_strides, *p.C.stride(), *_strides(p.D, 2), *_strides(p.z, 4), *p.y.stride(),
+            *x_strides, *B_strides, *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
             *st_strides, HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk,
             BLOCK_M=bm, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn, **dot, **launch)
     if plan.inner_list:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .._common import (FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor, make_capture_table,
+from .._common import (FLOAT_DTYPES, check_same_device, check_state_indices, check_tensor, make_capture_table,
                        make_sequences, new_output, resolve_backend)
 from .problem import ConvProblem, ConvResult
 from .torch_kernel import run_torch
-from .triton_kernel import RUNS_ON_CPU, run_triton
+from .triton_kernel import run_triton
 
 WEIGHT_DTYPES = FLOAT_DTYPES + (torch.float64,)
 ACTIVATIONS = (None, "silu", "swish")  # "swish" is silu's other name (mamba_ssm accepts both)
@@ -86,7 +86,7 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
         _check_state("initial_states", initial_states, x,
                      [("nseq", seqs.count), ("dim", dim), ("width - 1", width - 1)])
     captures = make_capture_table(capture, seqs, device)
-    backend = resolve_backend(backend, device, triton_runs_on_cpu=RUNS_ON_CPU)
+    backend = resolve_backend(backend, device)
 
     out = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, dim, width - 1, dtype=x.dtype, device=device)
@@ -116,25 +116,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     _check_state("conv_state", conv_state, x, [("nslots", None), ("dim", dim), ("width - 1", width - 1)])
     device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
                                state_indices=state_indices)
-    batch, nslots = x.shape[0], conv_state.shape[0]
-    if state_indices is None:
-        if batch > nslots:
-            raise ValueError(f"without state_indices the batch ({batch}) must not exceed conv_state's "
-                             f"slots ({nslots})")
-        slots = torch.arange(batch, device=device)
-    else:
-        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
-        values = state_indices.tolist()
-        for i, slot in enumerate(values):
-            if not 0 <= slot < nslots:
-                raise ValueError(f"state_indices[{i}] = {slot} is out of range for a conv_state with "
-                                 f"{nslots} slots")
-        if len(set(values)) != len(values):
-            raise ValueError("state_indices must be distinct: two rows updating one slot would race")
-        slots = state_indices.to(torch.int64)
+    batch = x.shape[0]
+    slots = check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state", device)
     seqs = make_sequences(batch, 1, None, device)
     captures = make_capture_table(None, seqs, device)
-    backend = resolve_backend(backend, device, triton_runs_on_cpu=RUNS_ON_CPU)
+    backend = resolve_backend(backend, device)
 
     out = new_output(batch, dim, 1, dtype=x.dtype, device=device)
     final_states = new_output(batch, dim, width - 1, dtype=x.dtype, device=device)

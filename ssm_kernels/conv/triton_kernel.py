@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
-from ..scan.triton_kernel import _ptr, _strides
+from .._triton import ptr_or, strides_or_zeros
 from .problem import ConvProblem
 
 # Tile sizes: fixed constants (the result of an element does not depend on them anyway).
@@ -108,7 +107,6 @@ def _conv_kernel(
                     tl.store(p_cap, b_cap, mask=m_dw)
 
 
-RUNS_ON_CPU = isinstance(_conv_kernel, InterpretedFunction)
 
 
 def run_triton(p: ConvProblem) -> None:
@@ -123,11 +121,11 @@ def run_triton(p: ConvProblem) -> None:
     cap = p.captures
     w = p.weight  # stands in for absent or empty tensors (never empty itself)
     _conv_kernel[grid](
-        _ptr(p.x, w), w, _ptr(p.bias, w), _ptr(p.state_in, w), _ptr(p.out, w),
-        _ptr(p.state_out, w), _ptr(p.captured, w),
-        p.seqs.cu_seqlens, cap.ptr, _ptr(cap.offset, cap.ptr), _ptr(cap.row, cap.ptr),
+        ptr_or(p.x, w), w, ptr_or(p.bias, w), ptr_or(p.state_in, w), ptr_or(p.out, w),
+        ptr_or(p.state_out, w), ptr_or(p.captured, w),
+        p.seqs.cu_seqlens, cap.ptr, ptr_or(cap.offset, cap.ptr), ptr_or(cap.row, cap.ptr),
         dim,
-        *p.x.stride(), *p.weight.stride(), *_strides(p.bias, 1), *_strides(p.state_in, 3),
+        *p.x.stride(), *p.weight.stride(), *strides_or_zeros(p.bias, 1), *strides_or_zeros(p.state_in, 3),
         *p.out.stride(), *p.state_out.stride(), *p.captured.stride(),
         WIDTH=width, HAS_BIAS=p.bias is not None, SILU=p.silu,
         HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,

@@ -6,7 +6,7 @@ import math
 import torch
 
 from .._common import (FLOAT_DTYPES, ScanResult, check_same_device, check_tensor, make_capture_table,
-                       make_sequences, new_output)
+                       make_sequences, new_output, resolve_backend)
 from . import dispatch
 from .problem import ScanProblem
 from .triton_kernel import MAX_DSTATE
@@ -75,7 +75,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
         check_tensor("initial_states", initial_states,
                      [("nseq", seqs.count), ("dim", dim), ("dstate", dstate)], F32)
     captures = make_capture_table(capture, seqs, device)
-    backend = dispatch.choose_backend(backend, device)
+    backend = resolve_backend(backend, device)
 
     y = new_output(*u.shape, dtype=u.dtype, device=device)
     final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device)

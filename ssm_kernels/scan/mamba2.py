@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, INDEX_DTYPES, ScanResult, check_dt_limit, check_same_device,
-                       check_tensor, make_capture_table, make_sequences, new_output)
+from .._common import (FLOAT_DTYPES, ScanResult, check_dt_limit, check_same_device, check_state_indices,
+                       check_tensor, make_capture_table, make_sequences, new_output, resolve_backend)
 from .. import chunked
 from . import dispatch
 from .problem import ScanProblem
@@ -119,7 +119,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     if initial_states is not None:
         check_tensor("initial_states", initial_states, state_shape, F32)
     captures = make_capture_table(capture, seqs, device)
-    backend = dispatch.choose_backend(backend, device)
+    backend = resolve_backend(backend, device)
     algorithm = chunked.resolve_algorithm(algorithm, device, seqs)
     chunk_size = chunked.check_chunk_size(chunk_size)
 
@@ -158,27 +158,14 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
                                   ("dstate", dstate)], F32)
     device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                state_indices=state_indices)
-    batch, nslots = x.shape[0], state.shape[0]
-    if state_indices is None:
-        if batch > nslots:
-            raise ValueError(f"without state_indices the batch ({batch}) must not exceed the state's "
-                             f"slots ({nslots})")
-    else:
-        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
-        slots = state_indices.tolist()
-        for i, slot in enumerate(slots):
-            if not 0 <= slot < nslots:
-                raise ValueError(f"state_indices[{i}] = {slot} is out of range for a state with {nslots} slots")
-        if len(set(slots)) != len(slots):
-            raise ValueError("state_indices must be distinct: two rows updating one slot would race")
-        state_indices = state_indices.to(torch.int64)
-    seqs = make_sequences(batch, 1, None, device)
+    slots = check_state_indices(state_indices, x.shape[0], state.shape[0], "state", device)
+    seqs = make_sequences(x.shape[0], 1, None, device)
     captures = make_capture_table(None, seqs, device)
-    backend = dispatch.choose_backend(backend, device)
+    backend = resolve_backend(backend, device)
 
-    y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=device)
+    y = new_output(x.shape[0], 1, nheads, headdim, dtype=x.dtype, device=device)
     no_captures = new_output(0, nheads, headdim, dstate, dtype=torch.float32, device=device)
     dispatch.run(_problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
                           None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
-                          state, state_indices, seqs, captures, y, state, no_captures), backend)
+                          state, slots, seqs, captures, y, state, no_captures), backend)
     return y[:, 0]

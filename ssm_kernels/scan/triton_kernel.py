@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from .._triton import ptr_or, softplus, strides_or_zeros
 from .problem import ScanProblem
 
 MAX_DSTATE = 256
@@ -35,12 +35,7 @@ def _advance(state, t_lo, t_hi,
         if HAS_DT_BIAS:
             b_dt += b_dt_bias
         if DT_SOFTPLUS:
-            # softplus(dt) = log1p(exp(dt)); log1p(u) as log(w) * u / (w - 1), w = 1 + u, keeps
-            # full precision for small u (Goldberg's trick; tl has no portable log1p).
-            u = tl.exp(tl.minimum(b_dt, 20.0))
-            w = 1.0 + u
-            log1p_u = tl.where(w == 1.0, u, tl.log(w) * u / tl.where(w == 1.0, 1.0, w - 1.0))
-            b_dt = tl.where(b_dt <= 20.0, log1p_u, b_dt)
+            b_dt = softplus(b_dt)
         b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
         b_B = tl.load(p_B + t * s_B_t, mask=m_n, other=0.0).to(tl.float32)  # [BN]
         b_C = tl.load(p_C + t * s_C_t, mask=m_n, other=0.0).to(tl.float32)  # [BN]
@@ -154,24 +149,11 @@ def _scan_kernel(
     tl.store(p_out, state, mask=m_pn)
 
 
-RUNS_ON_CPU = isinstance(_scan_kernel, InterpretedFunction)
-
-
 def block_sizes(headdim: int, dstate: int) -> tuple[int, int]:
     """(BLOCK_P, BLOCK_N): a function of the model dimensions alone."""
     block_n = triton.next_power_of_2(dstate)
     block_p = min(triton.next_power_of_2(headdim), max(1, _TILE_ELEMENTS // block_n))
     return block_p, block_n
-
-
-def _strides(t, ndim):
-    return t.stride() if t is not None else (0,) * ndim
-
-
-def _ptr(t, stand_in):
-    """`t`, or `stand_in` where `t` is absent or empty (its constexpr flag or length keeps it
-    unread; an empty CUDA tensor has no address to pass)."""
-    return stand_in if t is None or t.numel() == 0 else t
 
 
 def run_triton(p: ScanProblem) -> None:
@@ -185,14 +167,14 @@ def run_triton(p: ScanProblem) -> None:
     cap = p.captures
     out = p.state_out
     _scan_kernel[grid](
-        _ptr(p.x, out), _ptr(p.dt, out), p.A, _ptr(p.B, out), _ptr(p.C, out), _ptr(p.D, out),
-        _ptr(p.z, out), _ptr(p.dt_bias, out), _ptr(p.state_in, out), out,
-        _ptr(p.state_index, p.seqs.cu_seqlens), _ptr(p.y, out), _ptr(p.captured, out),
-        p.seqs.cu_seqlens, cap.ptr, _ptr(cap.offset, cap.ptr), _ptr(cap.row, cap.ptr),
+        ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(p.B, out), ptr_or(p.C, out), ptr_or(p.D, out),
+        ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out,
+        ptr_or(p.state_index, p.seqs.cu_seqlens), ptr_or(p.y, out), ptr_or(p.captured, out),
+        p.seqs.cu_seqlens, cap.ptr, ptr_or(cap.offset, cap.ptr), ptr_or(cap.row, cap.ptr),
         headdim, dstate, nheads // ngroups, p.dt_min, p.dt_max,
         *p.x.stride(), *p.dt.stride(), *p.A.stride(), *p.B.stride(), *p.C.stride(),
-        *_strides(p.D, 2), *_strides(p.z, 4), *_strides(p.dt_bias, 2), *p.y.stride(),
-        *_strides(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
+        *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
+        *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
         HAS_D=p.D is not None, HAS_Z=p.z is not None, HAS_DT_BIAS=p.dt_bias is not None,
         DT_SOFTPLUS=p.dt_softplus, A_PER_STATE=p.a_per_state,
         HAS_INITIAL_STATE=p.state_in is not None, HAS_STATE_INDEX=p.state_index is not None,

@@ -1,0 +1,32 @@
+"""Pieces the Triton kernels and their launchers share."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@triton.jit
+def softplus(v):
+    """log1p(exp(v)), and v itself above 20 (as PyTorch's threshold). log1p(u) is computed as
+    log(w) * u / (w - 1) with w = 1 + u, which keeps full precision for small u (Goldberg's
+    trick; tl has no portable log1p)."""
+    u = tl.exp(tl.minimum(v, 20.0))
+    w = 1.0 + u
+    log1p_u = tl.where(w == 1.0, u, tl.log(w) * u / tl.where(w == 1.0, 1.0, w - 1.0))
+    return tl.where(v <= 20.0, log1p_u, v)
+
+
+# Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.
+RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
+
+
+def strides_or_zeros(t, ndim: int) -> tuple[int, ...]:
+    """t's strides, or zeros for an absent optional tensor."""
+    return t.stride() if t is not None else (0,) * ndim
+
+
+def ptr_or(t, stand_in):
+    """`t`, or `stand_in` where `t` is absent or empty (its constexpr flag or length keeps it
+    unread; an empty CUDA tensor has no address to pass)."""
+    return stand_in if t is None or t.numel() == 0 else t
