@@ -209,23 +209,22 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
                         to_device([r for _, _, r in entries]), entries)
 
 
-def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
-                        device: torch.device) -> torch.Tensor:
-    """The slots a decode batch updates in place, as int64: state_indices (distinct, in range)
-    or 0..batch-1."""
+def check_state_indices(state_indices, batch: int, nslots: int, state_name: str, device: torch.device,
+                        name: str = "state_indices") -> torch.Tensor:
+    """The slots a decode batch updates in place, as int64: `state_indices` (distinct, in range;
+    called `name` in errors) or 0..batch-1."""
     if state_indices is None:
         if batch > nslots:
-            raise ValueError(f"without state_indices the batch ({batch}) must not exceed {state_name}'s "
-                             f"slots ({nslots})")
+            raise ValueError(f"without {name} the batch ({batch}) must not exceed {state_name}'s slots ({nslots})")
         return torch.arange(batch, device=device)
-    check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+    check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
     slots = state_indices.tolist()
     for i, slot in enumerate(slots):
         if not 0 <= slot < nslots:
-            raise ValueError(f"state_indices[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
+            raise ValueError(f"{name}[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
     if len(set(slots)) != len(slots):
-        raise ValueError("state_indices must be distinct: two rows updating one slot would race")
-    return state_indices.to(torch.int64)
+        raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
+    return state_indices.to(device=device, dtype=torch.int64)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,20 @@ def softplus(v):
     return tl.where(v <= 20.0, log1p_u, v)
 
 
+@triton.jit
+def sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN: tl.constexpr):
+    """(batch row, first token, length) of sequence i_s, all int64. cu_seqlens holds the bounds
+    of a varlen batch, or [0, seqlen, 2 * seqlen, ...] for a dense one, whose rows start at 0."""
+    bos = tl.load(cu_seqlens_ptr + i_s)
+    length = tl.load(cu_seqlens_ptr + i_s + 1) - bos
+    if IS_VARLEN:
+        i_b = i_s - i_s
+    else:
+        i_b = i_s
+        bos = bos - bos
+    return i_b, bos, length
+
+
 # Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.
 RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
 

@@ -19,7 +19,7 @@ import torch
 
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba1_scan, mamba2_scan, selective_state_update
-from ..scan.triton_kernel import MAX_DSTATE
+from ..scan import MAX_DSTATE
 from . import hf_cache
 
 CONV_ACTIVATIONS = ("silu", "swish")

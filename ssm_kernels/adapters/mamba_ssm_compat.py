@@ -23,7 +23,7 @@ import operator
 
 import torch
 
-from .._common import FLOAT_DTYPES, check_tensor, make_sequences
+from .._common import FLOAT_DTYPES, check_state_indices, check_tensor, make_sequences
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
 
@@ -260,39 +260,26 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
             check_tensor(name, t, [("nheads", nheads), ("dim", dim)], FLOAT_DTYPES)
     if not state.dtype.is_floating_point:
         raise TypeError(f"state must be a floating-point tensor, got {state.dtype}")
-    if state_batch_indices is not None:
-        check_tensor("state_batch_indices", state_batch_indices, [("batch", batch)], (torch.int32, torch.int64))
+    slots = check_state_indices(state_batch_indices, batch, state.shape[0], "state", state.device,
+                                name="state_batch_indices")
 
     work = state if state.dtype == torch.float32 else state.float()
     tied = _constant_along(A, (1, 2)) and _constant_along(dt, (2,)) and _constant_along(dt_bias, (1,))
     if tied:
         y = _state_update(work, x, dt[:, :, 0], A[:, 0, 0].contiguous(), B, C, D=D, z=z,
                           dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=bool(dt_softplus),
-                          dt_limit=NO_CLAMP, state_indices=state_batch_indices, backend=backend)
+                          dt_limit=NO_CLAMP, state_indices=slots, backend=backend)
     else:
-        y = _untied_update(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, backend)
+        y = _untied_update(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, backend)
     if work is not state:
         state.copy_(work)
     return y if has_heads else y[:, 0]
 
 
-def _untied_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, backend):
+def _untied_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, backend):
     """A per-(channel, state) A: a one-token mamba1_scan over nheads * dim channels."""
     batch, nheads, dim = x.shape
-    nslots, dstate = state.shape[0], state.shape[-1]
-    if state_batch_indices is None:
-        if batch > nslots:
-            raise ValueError(f"without state_batch_indices the batch ({batch}) must not exceed the state's "
-                             f"slots ({nslots})")
-        slots = torch.arange(batch, device=state.device)
-    else:
-        values = state_batch_indices.tolist()
-        for i, slot in enumerate(values):
-            if not 0 <= slot < nslots:
-                raise ValueError(f"state_batch_indices[{i}] = {slot} is out of range for a state with {nslots} slots")
-        if len(set(values)) != len(values):
-            raise ValueError("state_batch_indices must be distinct: two rows updating one slot would race")
-        slots = state_batch_indices.to(device=state.device, dtype=torch.int64)
+    dstate = state.shape[-1]
     channels = lambda t: None if t is None else t.reshape(batch, nheads * dim, 1)
     flat = lambda t: None if t is None else t.reshape(nheads * dim)
     result = mamba1_scan(channels(x), channels(dt), A.reshape(nheads * dim, dstate), B.unsqueeze(-1),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import ptr_or, strides_or_zeros
+from .._triton import ptr_or, sequence_span, strides_or_zeros
 from .problem import ConvProblem
 
 # Tile sizes: fixed constants (the result of an element does not depend on them anyway).
@@ -56,13 +56,7 @@ def _conv_kernel(
     i_d = tl.program_id(1)
     i_s = tl.program_id(2).to(tl.int64)
 
-    bos = tl.load(cu_seqlens_ptr + i_s)
-    length = tl.load(cu_seqlens_ptr + i_s + 1) - bos
-    if IS_VARLEN:
-        i_b = 0
-    else:
-        i_b = i_s
-        bos = bos - bos  # a dense batch row starts at token 0 (keeps bos an int64 tensor)
+    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN)
 
     o_d = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     m_d = o_d < dim

@@ -8,8 +8,7 @@ import torch
 from .._common import (FLOAT_DTYPES, ScanResult, check_same_device, check_tensor, make_capture_table,
                        make_sequences, new_output, resolve_backend)
 from . import dispatch
-from .problem import ScanProblem
-from .triton_kernel import MAX_DSTATE
+from .problem import ScanProblem, check_scan_sizes
 
 F32 = (torch.float32,)
 
@@ -56,13 +55,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     check_tensor("B", B, b_dims, FLOAT_DTYPES)
     check_tensor("C", C, [(name, B.shape[i]) for i, (name, _) in enumerate(b_dims)], FLOAT_DTYPES)
     ngroups = 1 if B.ndim == 3 else B.shape[1]
-    for name, size in (("dim", dim), ("dstate", dstate), ("ngroups", ngroups)):
-        if size < 1:
-            raise ValueError(f"{name} must be at least 1, got {size}")
-    if dim % ngroups:
-        raise ValueError(f"dim ({dim}) must be a multiple of ngroups ({ngroups})")
-    if dstate > MAX_DSTATE:
-        raise ValueError(f"dstate {dstate} is beyond the kernel's limit of {MAX_DSTATE}")
+    check_scan_sizes("dim", dim, ngroups, dstate)
     for name, t in (("D", D), ("delta_bias", delta_bias)):
         if t is not None:
             check_tensor(name, t, [("dim", dim)], FLOAT_DTYPES)

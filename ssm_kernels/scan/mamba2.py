@@ -9,8 +9,7 @@ from .._common import (FLOAT_DTYPES, ScanResult, check_dt_limit, check_same_devi
                        check_tensor, make_capture_table, make_sequences, new_output, resolve_backend)
 from .. import chunked
 from . import dispatch
-from .problem import ScanProblem
-from .triton_kernel import MAX_DSTATE
+from .problem import ScanProblem, check_scan_sizes
 
 F32 = (torch.float32,)
 
@@ -29,13 +28,7 @@ def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
     check_tensor("B", B, sizes + [("ngroups", None), ("dstate", None)], FLOAT_DTYPES)
     ngroups, dstate = B.shape[-2:]
     check_tensor("C", C, sizes + [("ngroups", ngroups), ("dstate", dstate)], FLOAT_DTYPES)
-    for name, size in (("nheads", nheads), ("headdim", headdim), ("ngroups", ngroups), ("dstate", dstate)):
-        if size < 1:
-            raise ValueError(f"{name} must be at least 1, got {size}")
-    if nheads % ngroups:
-        raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
-    if dstate > MAX_DSTATE:
-        raise ValueError(f"dstate {dstate} is beyond the kernel's limit of {MAX_DSTATE}")
+    check_scan_sizes("nheads", nheads, ngroups, dstate, headdim=headdim)
     if D is not None:
         dims = [("nheads", nheads)] if getattr(D, "ndim", 0) == 1 else [("nheads", nheads), ("headdim", headdim)]
         check_tensor("D", D, dims, FLOAT_DTYPES)

@@ -13,6 +13,21 @@ import torch
 
 from .._common import CaptureTable, Sequences
 
+# The kernels keep a state row of next_power_of_2(dstate) fp32 values per thread block row.
+MAX_DSTATE = 256
+
+
+def check_scan_sizes(rows_name: str, rows: int, ngroups: int, dstate: int, **other_sizes: int) -> None:
+    """Sizes every scan needs: all >= 1, rows (heads or channels) split evenly into groups, and
+    dstate within the kernels' limit."""
+    for name, size in ((rows_name, rows), *other_sizes.items(), ("ngroups", ngroups), ("dstate", dstate)):
+        if size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size}")
+    if rows % ngroups:
+        raise ValueError(f"{rows_name} ({rows}) must be a multiple of ngroups ({ngroups})")
+    if dstate > MAX_DSTATE:
+        raise ValueError(f"dstate {dstate} is beyond the kernel's limit of {MAX_DSTATE}")
+
 
 @dataclass
 class ScanProblem:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import ptr_or, softplus, strides_or_zeros
+from .._triton import ptr_or, sequence_span, softplus, strides_or_zeros
 from .problem import ScanProblem
 
-MAX_DSTATE = 256
 # Elements of the state tile one program keeps in registers. Fixed by the model dimensions only:
 # a tile that changed with sequence length would change the instruction stream and break the
 # bitwise split invariance the prefix cache relies on.
@@ -83,13 +82,7 @@ def _scan_kernel(
     i_p = tl.program_id(2)
     i_g = i_h // heads_per_group
 
-    bos = tl.load(cu_seqlens_ptr + i_s)
-    length = tl.load(cu_seqlens_ptr + i_s + 1) - bos
-    if IS_VARLEN:
-        i_b = 0
-    else:
-        i_b = i_s
-        bos = bos - bos  # a dense batch row starts at token 0 (keeps bos an int64 tensor)
+    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN)
     if HAS_STATE_INDEX:
         i_slot = tl.load(state_index_ptr + i_s).to(tl.int64)
     else:
