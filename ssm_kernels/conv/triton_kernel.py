@@ -101,8 +101,6 @@ def _conv_kernel(
                     tl.store(p_cap, b_cap, mask=m_dw)
 
 
-
-
 def run_triton(p: ConvProblem) -> None:
     """Launch over (time tile, channel tile, sequence); writes p.out, p.state_out, p.captured."""
     nseq = p.seqs.count
