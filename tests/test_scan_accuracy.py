@@ -1,5 +1,4 @@
 """mamba2_scan, mamba1_scan and selective_state_update against their float64 references."""
-import math
 
 import pytest
 import torch

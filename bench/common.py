@@ -1,0 +1,329 @@
+"""What every benchmark shares: timing, the environment record, time budgets, result writers.
+
+Timing: on CUDA, ``triton.testing.do_bench`` with ``return_mode="median"`` (it flushes L2 between
+runs; its rep grows to five times one call for slow functions, capped); on CPU, the median of a
+few wall-clock runs. The method is recorded with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import bench  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton is imported)
+import triton
+import triton.testing
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CPU_LABEL = "CPU (reduced mode: small shapes, PyTorch path and Triton interpreter; not GPU numbers)"
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (e.g. from `timeout`): stop measuring and write what was measured.
+    A BaseException, so that no `except Exception` on the way (ours, or a library's that wraps
+    errors) swallows it."""
+
+
+def install_sigterm_handler() -> None:
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
+
+
+def ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device and environment
+# ---------------------------------------------------------------------------------------------
+def bench_device() -> torch.device:
+    """CUDA when present. On CPU, torch gets one thread: the reduced runs share small machines
+    (CI, two cores) with other work, and a multi-threaded op on an oversubscribed CPU times
+    its spin-waits, not itself."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    torch.set_num_threads(1)
+    return torch.device("cpu")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_label(device: torch.device) -> str:
+    """The label every output carries: the GPU's name, or CPU_LABEL."""
+    if device.type == "cuda":
+        return f"GPU: {torch.cuda.get_device_name(device)}"
+    return CPU_LABEL
+
+
+def git_commit() -> dict:
+    """The commit the tree is at (BENCH_COMMIT overrides, for copies without .git) and whether the
+    tree differs from it (untracked files included, bench/results excluded). Read-only git calls;
+    None where git or .git is absent."""
+    commit, dirty = os.environ.get("BENCH_COMMIT") or None, None
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                    text=True, timeout=10).stdout.strip() or None
+            if commit:
+                # untracked files count (new code may not be committed yet); results do not
+                status = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--",
+                                         ".", ":(exclude)bench/results"], cwd=REPO_ROOT,
+                                        capture_output=True, text=True, timeout=10)
+                dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {"commit": commit, "dirty": dirty}
+
+
+def environment(device: torch.device, *, reduced: bool, quick: bool) -> dict:
+    env = {
+        "label": device_label(device),
+        "device_type": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "reduced": reduced,
+        "quick": quick,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **git_commit(),
+    }
+    env["timing"] = ("triton.testing.do_bench, median" if device.type == "cuda"
+                     else "wall-clock median (time.perf_counter)")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Time budget and timing
+# ---------------------------------------------------------------------------------------------
+class Budget:
+    """A soft deadline: measurements check it before they start, never in the middle."""
+
+    def __init__(self, seconds: float | None):
+        self.start = time.monotonic()
+        self.seconds = seconds
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - self.elapsed()
+
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+
+@dataclass
+class Timing:
+    ms: float
+    samples: int
+    method: str
+
+
+@dataclass
+class TimingOptions:
+    """do_bench warmup/rep (ms) on CUDA; runs on CPU (warm-up call first unless single_cpu_run)."""
+
+    warmup_ms: float = 10.0
+    rep_ms: float = 50.0
+    max_rep_ms: float = 1000.0
+    cpu_runs: int = 3
+
+
+def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
+            *, single_cpu_run: bool = False) -> tuple[Timing, object]:
+    """Time `fn`; return (Timing, what the first call returned). The first call compiles and
+    autotunes (CUDA) and is never part of the figure, except in a single CPU run."""
+    if device.type == "cuda":
+        result = fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = max(start.elapsed_time(end), 1e-3)
+        rep = min(max(opts.rep_ms, 5 * estimate), opts.max_rep_ms)
+        warmup = min(opts.warmup_ms, rep)
+        ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+        samples = max(1, int(rep / estimate))
+        return Timing(float(ms), samples, f"do_bench median (warmup {warmup:g} ms, rep {rep:.0f} ms)"), result
+    if single_cpu_run:
+        t0 = time.perf_counter()
+        result = fn()
+        return Timing((time.perf_counter() - t0) * 1e3, 1, "wall clock, single run (no warm-up)"), result
+    result = fn()
+    times = []
+    for _ in range(opts.cpu_runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return Timing(statistics.median(times), len(times), f"wall-clock median of {len(times)} runs"), result
+
+
+def copy_bandwidth(device: torch.device, opts: TimingOptions, nbytes: int | None = None) -> dict:
+    """Device-to-device copy bandwidth: bytes read + written per second by `dst.copy_(src)`."""
+    if nbytes is None:
+        nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    timing, _ = time_fn(lambda: dst.copy_(src), device, opts)
+    moved = 2 * nbytes
+    del src, dst
+    return {"buffer_bytes": nbytes, "bytes_moved": moved, "ms": timing.ms,
+            "GBps": moved / (timing.ms * 1e6), "method": timing.method,
+            "what": "dst.copy_(src) on one device; bytes read + written"}
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """RMS of the difference over the RMS of `expected` (as tests/helpers.py)."""
+    a, e = actual.double(), expected.double()
+    return ((a - e).pow(2).mean().sqrt() / e.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+
+
+def release_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line and output folder
+# ---------------------------------------------------------------------------------------------
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reduced", action="store_true",
+                        help="small shapes (forced on CPU, where the PyTorch path and the Triton "
+                             "interpreter run)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: bench/results/<date>-<gpu|cpu>)")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and shorter timing")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="soft limit: measurements not started by then are recorded as skipped")
+
+
+def output_dir(args, device: torch.device) -> Path:
+    """--out, or bench/results/<UTC date>-gpu, -gpu-reduced or -cpu-reduced."""
+    if args.out is not None:
+        out = args.out
+    else:
+        date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+        kind = "gpu" if device.type == "cuda" else "cpu"
+        reduced = args.reduced or device.type != "cuda"
+        out = RESULTS_DIR / f"{date}-{kind}{'-reduced' if reduced else ''}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Writers
+# ---------------------------------------------------------------------------------------------
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def fmt(value, digits: int = 3) -> str:
+    """A figure for a table: 3 significant digits, '-' for missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 10 ** digits:
+            return f"{value:.3g}" if abs(value) >= 1e6 else f"{value:.0f}"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def text_table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def header_lines(env: dict, title: str) -> list[str]:
+    """The first lines of every Markdown report: what, where, when, which commit."""
+    commit = env.get("commit") or "unknown"
+    if env.get("dirty"):
+        commit += " (with uncommitted changes)"
+    return [
+        f"# {title}: {env['label']}", "",
+        f"- device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}, "
+        f"CUDA {env['cuda'] or '-'}, Python {env['python']}",
+        f"- date: {env['date']}; commit: {commit}",
+        f"- timing: {env['timing']}; reduced: {env['reduced']}; quick: {env['quick']}",
+    ]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_table) -> int:
+    """The `main` of a benchmark module: parse the common flags, run `make_bench(args, device)`,
+    and whatever happens (a SIGTERM from the suite's timeout included) save what was measured,
+    write the report and print the short table. Exit status 1 when stopped early."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    install_sigterm_handler()
+    device = bench_device()
+    began = time.monotonic()
+    bench = make_bench(args, device)
+    print(f"{prog.split()[-1]}: {bench.env['label']} -> {bench.out}", file=sys.stderr)
+    status = 0
+    try:
+        bench.run()
+        bench.results["incomplete"] = None
+    except (Terminated, KeyboardInterrupt) as exc:
+        bench.results["incomplete"] = f"stopped early: {exc or type(exc).__name__}"
+        status = 1
+    finally:
+        ignore_sigterm()  # let the results be written (the suite's timeout kills 15 s later)
+        bench.results["elapsed_s"] = time.monotonic() - began
+        bench.save()
+        write_report(bench.results, bench.out)
+    print(short_table(bench.results))
+    return status

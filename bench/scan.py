@@ -1,0 +1,416 @@
+"""Scan benchmarks: ``python -m bench.scan [--reduced] [--quick] [--out DIR] [--time-budget S]``.
+
+Sections, in the order they run (the order keeps the most wanted figures first when a time budget
+cuts the run short; the largest sequence length runs last):
+
+1. copy bandwidth (the roofline's denominator, see bench.workloads);
+2. scan passes: mamba2_scan / mamba1_scan at the standard layer shapes, batch 1 and a varlen
+   batch of 16 mixed lengths (the same total tokens), per backend and algorithm, and the peers
+   at the same inputs (their outputs checked against ours first);
+3. algorithm crossover: recurrent against chunked over pass lengths (when mamba2_scan has an
+   `algorithm` keyword);
+4. capture overhead: one pass with 0, 1, 8 and 64 in-pass captures;
+5. in-pass capture against two passes split at the tail split point (planner.tail_split_point);
+6. decode: selective_state_update at batch 1 .. 256, and the peers' decode steps.
+
+Outputs under --out: scan.json (every figure, the environment, the peers' status), scan.md,
+scan_throughput.png (tokens/s against sequence length per kernel, with the roofline) and
+scan_decode.png. Without CUDA everything runs reduced and is labelled CPU.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import common, peers as peers_mod, report, workloads as wl
+from .common import Budget, Terminated, TimingOptions, rel_error, time_fn
+
+import ssm_kernels  # noqa: E402  (after bench sets TRITON_INTERPRET on CPU)
+
+
+
+def tail_split_point_fallback(total: int, block_size: int) -> int | None:
+    """The tail split point where planner is absent (docs/design.md): one block below the last
+    block boundary strictly below total; None when that is not above token 0."""
+    boundary = (total - 1) // block_size * block_size if total > block_size else None
+    return None if boundary is None or boundary - block_size <= 0 else boundary - block_size
+
+
+try:
+    from planner import tail_split_point
+except ImportError:
+    tail_split_point = tail_split_point_fallback
+
+ELT = 2  # bfloat16 inputs
+CHECK_TOLERANCE = 5e-2  # a peer whose y differs from ours by more (RMS-relative) is flagged
+
+
+def algorithms(fn) -> list[str]:
+    """The algorithms `fn` offers: its `algorithm` keyword's default, plus "chunked" when the
+    library has it; ["recurrent"] when there is no such keyword."""
+    param = inspect.signature(fn).parameters.get("algorithm")
+    if param is None:
+        return ["recurrent"]
+    names = [param.default]
+    try:
+        from ssm_kernels.chunked import ALGORITHMS
+    except ImportError:
+        ALGORITHMS = ()
+    if "chunked" in ALGORITHMS and "chunked" not in names:
+        names.append("chunked")
+    return names
+
+
+@dataclass
+class Config:
+    reduced: bool
+    quick: bool
+    cuda: bool
+    shapes: tuple = ()
+    seqlens: tuple = ()
+    decode_batches: tuple = ()
+    capture_counts: tuple = (1, 8, 64)
+    capture_seqlen: int = 8192
+    crossover_lengths: tuple = ()
+    block_size: int = 16
+    chunk_size: int | None = None
+    interp_seqlen: int = 32
+    interp_shapes: tuple = ()
+    timing: TimingOptions = field(default_factory=TimingOptions)
+
+    @classmethod
+    def make(cls, reduced: bool, quick: bool, cuda: bool) -> "Config":
+        if not reduced:
+            return cls(reduced, quick, cuda, wl.STANDARD_SHAPES,
+                       wl.STANDARD_SEQLENS[:2] if quick else wl.STANDARD_SEQLENS,
+                       wl.DECODE_BATCHES[::2] if quick else wl.DECODE_BATCHES,
+                       capture_seqlen=8192, crossover_lengths=(64, 128, 256, 512, 1024, 2048, 4096),
+                       timing=TimingOptions(warmup_ms=10, rep_ms=25 if quick else 50, max_rep_ms=1000))
+        # Reduced: block 8 so that the interpreter's 32-token passes have a tail split point.
+        return cls(reduced, quick, cuda, wl.REDUCED_SHAPES,
+                   wl.REDUCED_SEQLENS[:2] if quick else wl.REDUCED_SEQLENS, wl.REDUCED_DECODE_BATCHES,
+                   capture_seqlen=128, crossover_lengths=(16, 32, 64, 128), block_size=8, chunk_size=16,
+                   timing=TimingOptions(warmup_ms=5, rep_ms=20, max_rep_ms=200, cpu_runs=5),
+                   # The interpreter is slow (milliseconds per program and token): it runs the first
+                   # shape of each layout only, which covers every code path of the kernels.
+                   interp_shapes=(wl.REDUCED_SHAPES[0].name, wl.REDUCED_SHAPES[3].name))
+
+    def backends(self, shape=None):
+        """(backend argument, label, single interpreted run) per backend to run for `shape`."""
+        if self.cuda:
+            return [("triton", "triton", False)]
+        interp = shape is None or shape.name in self.interp_shapes
+        return [("torch", "torch", False)] + ([("triton", "triton-interpreter", True)] if interp else [])
+
+    def record(self) -> dict:
+        return {"shapes": [dict(vars(s)) for s in self.shapes], "seqlens": list(self.seqlens),
+                "varlen_sequences": wl.VARLEN_SEQUENCES, "decode_batches": list(self.decode_batches),
+                "capture_counts": list(self.capture_counts), "capture_seqlen": self.capture_seqlen,
+                "crossover_lengths": list(self.crossover_lengths), "block_size": self.block_size,
+                "chunk_size": self.chunk_size, "dtype": "bfloat16", "interpreter_seqlen": self.interp_seqlen,
+                "interpreter_shapes": list(self.interp_shapes),
+                "timing": vars(self.timing), "peer_max_seqlen": {f"{p}/{k}": v for (p, k), v in
+                                                                  peers_mod.MAX_SEQLEN.items()}}
+
+
+class ScanBench:
+    def __init__(self, args, device):
+        self.device = device
+        self.cfg = Config.make(args.reduced or device.type != "cuda", args.quick, device.type == "cuda")
+        self.budget = Budget(args.time_budget)
+        self.out = common.output_dir(args, device)
+        self.env = common.environment(device, reduced=self.cfg.reduced, quick=self.cfg.quick)
+        self.peers = peers_mod.load_peers(device)
+        self.algs = {"mamba2": algorithms(ssm_kernels.mamba2_scan), "mamba1": algorithms(ssm_kernels.mamba1_scan)}
+        self.bw = None
+        self.peer_failures = {}
+        self.results = {"benchmark": "scan", "label": self.env["label"], "env": self.env,
+                        "config": self.cfg.record(), "algorithms": self.algs,
+                        "peers": {name: p.record() for name, p in self.peers.items()},
+                        "copy_bandwidth": None, "scan": [], "crossover": [], "captures": [],
+                        "inpass_vs_split": [], "decode": [], "notes": [],
+                        "incomplete": "did not finish (killed?)"}
+        notes = self.results["notes"]
+        notes.append("decode covers the Mamba-2 layers only: selective_state_update takes the Mamba-2 layout")
+        if self.cfg.cuda:
+            notes.append("ssm_kernels' PyTorch path (one token at a time, for CPU) is not timed on the GPU")
+        else:
+            notes.append(f"the Triton interpreter runs {', '.join(self.cfg.interp_shapes)} only, at "
+                         f"{self.cfg.interp_seqlen} tokens, one run each")
+
+    # -- timing helpers ------------------------------------------------------------------------
+    def timed(self, fn, interp=False):
+        """(Timing, first result, None) or (None, None, why not)."""
+        if self.budget.expired():
+            return None, None, "skipped: time budget exhausted"
+        try:
+            timing, result = time_fn(fn, self.device, self.cfg.timing, single_cpu_run=interp)
+        except Terminated:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed measurement is reported, not fatal
+            common.release_memory(self.device)
+            text = str(exc).strip().splitlines()
+            return None, None, f"failed: {type(exc).__name__}: {text[0][:300] if text else ''}"
+        return timing, result, None
+
+    def fill(self, row, timing, error, nbytes, tokens):
+        if timing is None:
+            row.update(status=error.split(":")[0], note=error)
+            return row
+        roofline_ms = nbytes / (self.bw["GBps"] * 1e6)
+        row.update(status="ok", ms=timing.ms, samples=timing.samples, timing=timing.method, bytes=nbytes,
+                   tokens=tokens, tokens_per_s=tokens / (timing.ms / 1e3), GBps=nbytes / (timing.ms * 1e6),
+                   roofline_ms=roofline_ms, roofline_fraction=roofline_ms / timing.ms)
+        return row
+
+    def save(self):
+        common.write_json(self.out / "scan.json", self.results)
+
+    # -- our kernels -----------------------------------------------------------------------------
+    def our_scan(self, shape, inp, backend, algorithm, cu=None, capture=None, initial_states=None):
+        kw = dict(cu_seqlens=cu, capture=capture, initial_states=initial_states, backend=backend)
+        if shape.kind == "mamba2":
+            if "algorithm" in inspect.signature(ssm_kernels.mamba2_scan).parameters:
+                kw["algorithm"] = algorithm
+                if algorithm == "chunked" and self.cfg.chunk_size:
+                    kw["chunk_size"] = self.cfg.chunk_size
+            return lambda: ssm_kernels.mamba2_scan(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
+                                                   dt_bias=inp["dt_bias"], dt_softplus=True, **kw)
+        return lambda: ssm_kernels.mamba1_scan(inp["u"], inp["delta"], inp["A"], inp["B"], inp["C"], D=inp["D"],
+                                               z=inp["z"], delta_bias=inp["delta_bias"], delta_softplus=True, **kw)
+
+    def inputs(self, shape, ntokens):
+        make = wl.mamba2_inputs if shape.kind == "mamba2" else wl.mamba1_inputs
+        return make(shape, ntokens, self.device)
+
+    def alg_label(self, algorithm):
+        if algorithm == "chunked":
+            return f"chunked (chunk {self.cfg.chunk_size or 'default'})"
+        return algorithm
+
+    # -- sections --------------------------------------------------------------------------------
+    def copy_bandwidth(self):
+        self.bw = common.copy_bandwidth(self.device, self.cfg.timing)
+        self.results["copy_bandwidth"] = self.bw
+
+    def scan_shape(self, shape, seqlen, varlen):
+        lengths = wl.varlen_lengths(seqlen) if varlen else [seqlen]
+        cu = wl.cu_seqlens_of(lengths, self.device) if varlen else None
+        inp = self.inputs(shape, seqlen)
+        nbytes = wl.pass_bytes(shape, seqlen, len(lengths), ELT)
+        base = dict(section="scan", model=shape.name, kind=shape.kind, dims=shape.describe(),
+                    batch=f"varlen {len(lengths)}" if varlen else "1", seqlen=seqlen, nseq=len(lengths))
+        if varlen:
+            base["lengths"] = lengths
+        reference = None
+        for backend, label, interp in self.cfg.backends(shape):
+            if interp and seqlen > self.cfg.interp_seqlen:
+                continue
+            for alg in self.algs[shape.kind]:
+                row = dict(base, impl="ssm_kernels", op=f"{shape.kind}_scan", backend=label,
+                           algorithm=self.alg_label(alg))
+                timing, result, error = self.timed(self.our_scan(shape, inp, backend, alg, cu), interp)
+                self.fill(row, timing, error, nbytes, seqlen)
+                if result is not None:
+                    if reference is None:
+                        reference = (result.y, result.final_states)
+                    else:
+                        row["check_rel_err_y"] = rel_error(result.y, reference[0])
+                self.results["scan"].append(row)
+        for name in peers_mod.PEER_NAMES:
+            self.scan_peer(name, shape, inp, cu, lengths, base, nbytes, reference)
+        del inp, reference
+        common.release_memory(self.device)
+        self.save()
+
+    def scan_peer(self, name, shape, inp, cu, lengths, base, nbytes, reference):
+        peer = self.peers[name]
+        entry = peers_mod.SCAN_ADAPTERS.get((name, shape.kind))
+        if entry is None or not peer.available or entry[0] not in peer.ops:
+            return
+        op, adapter = entry
+        row = dict(base, impl=name, op=op, backend="torch" if name == peers_mod.HF else "triton",
+                   algorithm={peers_mod.MAMBA_SSM: "chunked (SSD, chunk 256)", peers_mod.FLA: "chunked (simple GLA)",
+                              peers_mod.HF: "chunked (SSD, chunk 256)" if shape.kind == "mamba2"
+                              else "recurrent (Python loop)"}[name])
+        limit = peers_mod.MAX_SEQLEN.get((name, shape.kind))
+        if limit is not None and base["seqlen"] > limit and not self.cfg.reduced:
+            row.update(status="skipped", note=f"skipped: slow peer, run up to {limit} tokens (see bench.peers)")
+            self.results["scan"].append(row)
+            return
+        earlier = self.peer_failures.get((name, shape.kind))
+        if earlier:
+            row.update(status="skipped", note=f"skipped: failed at an earlier shape ({earlier[:160]})")
+            self.results["scan"].append(row)
+            return
+        try:
+            fn, to_ours = adapter(peer, inp, cu, lengths)
+        except NotImplementedError as exc:
+            row.update(status="n/a", note=f"n/a: {exc}")
+            self.results["scan"].append(row)
+            return
+        timing, result, error = self.timed(fn)
+        self.fill(row, timing, error, nbytes, base["seqlen"])
+        if error and error.startswith("failed") and "OutOfMemory" not in error:
+            self.peer_failures[(name, shape.kind)] = error  # the same code will fail again: skip it
+        if result is not None and reference is not None:
+            try:
+                y, states = to_ours(result)
+                row["check_rel_err_y"] = rel_error(y.reshape(reference[0].shape), reference[0])
+                row["check_rel_err_state"] = rel_error(states.reshape(reference[1].shape), reference[1])
+                if not row["check_rel_err_y"] <= CHECK_TOLERANCE:
+                    row["note"] = f"output differs from ours (RMS-relative {row['check_rel_err_y']:.2e})"
+            except Exception as exc:  # noqa: BLE001
+                row["note"] = f"check failed: {type(exc).__name__}: {exc}"
+        self.results["scan"].append(row)
+
+    def crossover(self):
+        if "chunked" not in self.algs["mamba2"]:
+            self.results["notes"].append("crossover: mamba2_scan has no chunked algorithm")
+            return
+        shape = self.cfg.shapes[0]
+        backend, label, _ = self.cfg.backends()[0]
+        for n in self.cfg.crossover_lengths:
+            inp = self.inputs(shape, n)
+            for alg in ("recurrent", "chunked"):
+                row = dict(section="crossover", model=shape.name, backend=label, algorithm=self.alg_label(alg),
+                           seqlen=n, batch="1")
+                timing, _, error = self.timed(self.our_scan(shape, inp, backend, alg))
+                self.results["crossover"].append(self.fill(row, timing, error, wl.pass_bytes(shape, n, 1, ELT), n))
+        self.save()
+
+    def captures(self):
+        for shape in self.cfg.shapes:
+            for backend, label, interp in self.cfg.backends(shape):
+                seqlen = self.cfg.interp_seqlen if interp else self.cfg.capture_seqlen
+                inp = self.inputs(shape, seqlen)
+                for alg in self.algs[shape.kind]:
+                    base_ms = None
+                    for count in (0, *self.cfg.capture_counts):
+                        row = dict(section="captures", model=shape.name, kind=shape.kind, backend=label,
+                                   algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", captures=count)
+                        if count >= seqlen:
+                            row.update(status="n/a", note=f"n/a: {count} captures in a {seqlen}-token pass")
+                            self.results["captures"].append(row)
+                            continue
+                        offsets = [round(seqlen * (i + 1) / (count + 1)) for i in range(count)]
+                        fn = self.our_scan(shape, inp, backend, alg, capture=[(0, k) for k in offsets])
+                        timing, _, error = self.timed(fn, interp)
+                        self.fill(row, timing, error, wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=count), seqlen)
+                        if timing is not None and count == 0:
+                            base_ms = timing.ms
+                        elif timing is not None and base_ms:
+                            row["vs_no_capture"] = timing.ms / base_ms
+                            row["us_per_capture"] = (timing.ms - base_ms) * 1e3 / count
+                        self.results["captures"].append(row)
+                del inp
+        self.save()
+
+    def inpass_vs_split(self):
+        for seqlen in self.cfg.seqlens:
+            split = tail_split_point(seqlen, self.cfg.block_size)
+            if split is None:
+                continue
+            for shape in self.cfg.shapes:
+                inp = self.inputs(shape, seqlen)
+                first, second = self.halves(shape, inp, split)
+                for backend, label, interp in self.cfg.backends(shape):
+                    if interp and seqlen > self.cfg.interp_seqlen:
+                        continue
+                    for alg in self.algs[shape.kind]:
+                        row = dict(section="inpass_vs_split", model=shape.name, kind=shape.kind, backend=label,
+                                   algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", split=split,
+                                   block_size=self.cfg.block_size)
+                        one = self.our_scan(shape, inp, backend, alg, capture=[(0, split)])
+                        head = self.our_scan(shape, first, backend, alg)
+
+                        def two(head=head, shape=shape, second=second, backend=backend, alg=alg):
+                            state = head().final_states
+                            return self.our_scan(shape, second, backend, alg, initial_states=state)()
+
+                        t1, _, e1 = self.timed(one, interp)
+                        t2, _, e2 = self.timed(two, interp)
+                        row.update(one_pass_ms=t1.ms if t1 else None, two_passes_ms=t2.ms if t2 else None,
+                                   one_pass_bytes=wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=1),
+                                   two_passes_bytes=wl.pass_bytes(shape, split, 1, ELT)
+                                   + wl.pass_bytes(shape, seqlen - split, 1, ELT, initial_states=True),
+                                   timing=(t1 or t2).method if (t1 or t2) else None)
+                        if t1 and t2:
+                            row.update(status="ok", ratio=t2.ms / t1.ms, extra_ms=t2.ms - t1.ms)
+                        else:
+                            row.update(status=(e1 or e2).split(":")[0], note="; ".join(e for e in (e1, e2) if e))
+                        self.results["inpass_vs_split"].append(row)
+                del inp, first, second
+                common.release_memory(self.device)
+        self.save()
+
+    @staticmethod
+    def halves(shape, inp, split):
+        """The inputs of [0, split) and [split, end), as separate contiguous buffers."""
+        if shape.kind == "mamba2":
+            cut = lambda t, s: t[:, s].contiguous() if t.ndim >= 3 else t  # noqa: E731
+            keys = ("x", "dt", "B", "C")
+        else:
+            cut = lambda t, s: t[..., s].contiguous() if t.ndim == 3 else t  # noqa: E731
+            keys = ("u", "delta", "B", "C", "z")
+        first = {k: cut(v, slice(0, split)) if k in keys else v for k, v in inp.items()}
+        second = {k: cut(v, slice(split, None)) if k in keys else v for k, v in inp.items()}
+        return first, second
+
+    def decode(self):
+        for shape in self.cfg.shapes:
+            if shape.kind != "mamba2":
+                continue
+            for batch in self.cfg.decode_batches:
+                inp = wl.decode_inputs(shape, batch, self.device)
+                nbytes = wl.decode_bytes(shape, batch, ELT)
+                base = dict(section="decode", model=shape.name, batch=batch)
+                for backend, label, interp in self.cfg.backends(shape):
+                    fn = lambda backend=backend: ssm_kernels.selective_state_update(  # noqa: E731
+                        inp["state"], inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
+                        dt_bias=inp["dt_bias"], dt_softplus=True, backend=backend)
+                    timing, _, error = self.timed(fn, interp)
+                    row = self.fill(dict(base, impl="ssm_kernels", backend=label), timing, error, nbytes, batch)
+                    self.results["decode"].append(row)
+                for name, op in peers_mod.DECODE_OPS.items():
+                    peer = self.peers[name]
+                    if not peer.available or op not in peer.ops:
+                        continue
+                    peer_inp = dict(inp, state=inp["state"].clone())
+                    timing, _, error = self.timed(peers_mod.decode_step(peer.ops[op], peer_inp))
+                    row = dict(base, impl=name, backend="torch" if name == peers_mod.HF else "triton")
+                    self.results["decode"].append(self.fill(row, timing, error, nbytes, batch))
+                del inp
+        self.save()
+
+    def scan_lengths(self, seqlens):
+        for seqlen in seqlens:
+            for shape in self.cfg.shapes:
+                for varlen in (False, True):
+                    self.scan_shape(shape, seqlen, varlen)
+
+    def run(self):
+        *early, last = self.cfg.seqlens
+        sections = [("copy_bandwidth", self.copy_bandwidth), ("scan", lambda: self.scan_lengths(early)),
+                    ("crossover", self.crossover), ("captures", self.captures),
+                    ("inpass_vs_split", self.inpass_vs_split), ("decode", self.decode),
+                    (f"scan {last}", lambda: self.scan_lengths([last]))]
+        seconds = self.results["section_seconds"] = {}
+        for name, section in sections:
+            began = time.monotonic()
+            try:
+                section()
+            finally:
+                seconds[name] = time.monotonic() - began
+                self.save()
+
+
+def main(argv=None) -> int:
+    return common.run_benchmark(argv, prog="python -m bench.scan", doc=__doc__, make_bench=ScanBench,
+                                write_report=report.write_scan_report, short_table=report.scan_short_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Short tables from a results folder, and the README block of a GPU run.
+
+    python -m bench.summary DIR            # the steps (from gpu_suite.sh), then the short tables
+    python -m bench.summary DIR --readme   # Markdown for the README: the GPU table and plot, with
+                                           # their date, GPU, versions and commit (GPU runs only)
+
+Reads only what the benchmarks wrote (scan.json, serve.json, logs/steps.tsv): every figure it
+prints was measured by that run, or is labelled modelled.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import REPO_ROOT, fmt, markdown_table, text_table
+from .report import _ok, _series, scan_short_table, serve_short_table
+
+
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def steps_table(folder: Path) -> str | None:
+    path = folder / "logs" / "steps.tsv"
+    if not path.exists():
+        return None
+    rows = [line.split("\t") for line in path.read_text().splitlines()[1:] if line.strip()]
+    status = lambda rc: "ok" if rc == "0" else ("skipped" if rc == "skipped" else  # noqa: E731
+                                                ("TIMED OUT" if rc == "124" else f"FAILED (exit {rc})"))
+    return "suite steps:\n" + text_table(["step", "status", "s"], [[r[0], status(r[1]), r[2]] for r in rows])
+
+
+def readme_block(folder: Path, scan: dict, serve: dict | None) -> str:
+    env = scan["env"]
+    try:
+        where = folder.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        where = folder.as_posix()
+    commit = (env.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if env.get("dirty") else "")
+    cells, columns = {}, []
+    for r in _ok(scan["scan"]):
+        col = _series(r)
+        if col not in columns:
+            columns.append(col)
+        cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = (
+            f"{fmt(r['ms'])} ({100 * r['roofline_fraction']:.2g}%)")
+    lines = [f"Latest GPU run: {env['date'][:10]}, {env['device_name']}, torch {env['torch']}, "
+             f"triton {env['triton']}, commit `{commit}` ([scan tables]({where}/scan.md)"
+             + (f", [serving tables]({where}/serve.md)" if serve else "") + ").", "",
+             "Scan pass time in ms (fraction of the copy-bandwidth roofline), bfloat16:", "",
+             markdown_table(["model", "batch", "tokens"] + columns,
+                            [[m, b, n] + [v.get(c, "") for c in columns] for (m, b, n), v in cells.items()]),
+             "", f"![scan throughput]({where}/scan_throughput.png)"]
+    if serve and (folder / "serve_policies.png").exists():
+        lines += ["", f"![policies]({where}/serve_policies.png)"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.summary", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--readme", action="store_true", help="print the README block (GPU results only)")
+    args = parser.parse_args(argv)
+    scan, serve = _load(args.folder / "scan.json"), _load(args.folder / "serve.json")
+    if args.readme:
+        if scan is None or scan["env"]["device_type"] != "cuda" or scan["env"].get("reduced"):
+            print(f"{args.folder}: no full-size GPU scan results; the README shows GPU results only", file=sys.stderr)
+            return 1
+        print(readme_block(args.folder, scan, serve))
+        return 0
+    status = 0
+    steps = steps_table(args.folder)
+    parts = [steps] if steps else []
+    for name, data, table in (("scan", scan, scan_short_table), ("serve", serve, serve_short_table)):
+        if data is None:
+            parts.append(f"== bench.{name}: no results ({args.folder / (name + '.json')} missing or unreadable)")
+            status = 1
+        else:
+            parts.append(table(data))
+            status |= bool(data.get("incomplete"))
+    print("\n\n".join(parts))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

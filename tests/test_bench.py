@@ -1,0 +1,170 @@
+"""The benchmarks' reduced mode, as CI runs it: bench/gpu_suite.sh --dry-run into a temporary
+folder (bench.scan and bench.serve reduced, then the summary), and the pieces it is built from.
+
+On CPU every output must be labelled CPU; on a GPU machine the same run is reduced but labelled
+with the GPU (the GPU suite itself leaves this file out: it runs the benchmarks at full size).
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # bench/ is run from the repository root, not installed
+
+from bench import workloads as wl  # noqa: E402
+from bench.common import markdown_table  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+LABEL = "GPU" if CUDA else "CPU"
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    return out, proc
+
+
+def test_dry_run_succeeds_and_prints_the_short_tables_last(dry_run):
+    out, proc = dry_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tail = proc.stdout[proc.stdout.index("=== summary"):]
+    assert "suite steps:" in tail and "scan pass ms:" in tail and "simulator (modelled)" in tail
+    assert f"== bench.scan: {LABEL}" in tail and f"== bench.serve: {LABEL}" in tail
+
+
+def test_dry_run_writes_every_file(dry_run):
+    out, _ = dry_run
+    for name in ("scan.json", "scan.md", "serve.json", "serve.md", "logs/steps.tsv", "logs/env.log",
+                 "logs/scan.log", "logs/serve.log"):
+        assert (out / name).stat().st_size > 0, name
+    pngs = ("scan_throughput.png", "scan_decode.png", "serve_policies.png", "serve_measured.png")
+    if HAS_MATPLOTLIB:
+        for name in pngs:
+            assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    else:
+        assert "matplotlib is not installed" in (out / "scan.md").read_text()
+
+
+def test_scan_json_is_complete_and_labelled(dry_run):
+    out, _ = dry_run
+    data = json.loads((out / "scan.json").read_text())
+    assert data["label"].startswith(LABEL) and data["env"]["label"] == data["label"]
+    assert data["env"]["reduced"] is True and data["incomplete"] is None
+    for key in ("device_name", "torch", "triton", "commit", "date", "timing"):
+        assert key in data["env"], key
+    assert data["copy_bandwidth"]["GBps"] > 0
+    assert set(data["peers"]) == {"mamba_ssm", "fla", "hf-torch"}
+    for section in ("scan", "captures", "inpass_vs_split", "decode"):
+        rows = data[section]
+        assert rows, section
+        assert all(r["status"] in ("ok", "n/a", "skipped", "failed") for r in rows)
+        ours_failed = [r for r in rows if r["status"] == "failed" and r.get("impl", "ssm_kernels") == "ssm_kernels"]
+        assert not ours_failed, [r.get("note") for r in ours_failed]  # a peer may fail: it is reported
+    ours = [r for r in data["scan"] if r["impl"] == "ssm_kernels" and r["status"] == "ok"]
+    # every reduced shape, batch 1 and varlen, every seqlen, on each path
+    assert {(r["model"], r["batch"], r["seqlen"]) for r in ours} == {
+        (s.name, b, n) for s in wl.REDUCED_SHAPES for b in ("1", f"varlen {wl.VARLEN_SEQUENCES}")
+        for n in wl.REDUCED_SEQLENS}
+    for r in ours:
+        assert r["ms"] > 0 and r["bytes"] > 0 and 0 < r["roofline_fraction"]
+        assert r["tokens_per_s"] == pytest.approx(r["seqlen"] / (r["ms"] / 1e3))
+    if not CUDA:
+        assert {r["backend"] for r in ours} == {"torch", "triton-interpreter"}
+    for r in (r for r in ours if r.get("check_rel_err_y") is not None):
+        assert r["check_rel_err_y"] < 5e-2, r  # chunked and the interpreter against the first path
+    hf = [r for r in data["scan"] if r["impl"] == "hf-torch" and r["status"] == "ok"]
+    if hf:  # transformers installed: its PyTorch path agrees with ours on the same inputs
+        assert all(r["check_rel_err_y"] < 5e-2 and r["check_rel_err_state"] < 5e-2 for r in hf), hf
+    caps = {r["captures"] for r in data["captures"] if r["status"] == "ok"}
+    assert {0, 1, 8, 64} <= caps
+    assert all(r["ratio"] > 0 for r in data["inpass_vs_split"] if r["status"] == "ok")
+    assert {r["batch"] for r in data["decode"]} == set(wl.REDUCED_DECODE_BATCHES)
+
+
+def test_serve_json_is_complete_and_labelled(dry_run):
+    out, _ = dry_run
+    data = json.loads((out / "serve.json").read_text())
+    assert data["label"].startswith(LABEL) and data["incomplete"] is None
+    policies = {"legacy", "split", "inpass", "free"}
+    traces = data["simulator"]["traces"]
+    assert {t["name"] for t in traces} == {"chat", "system", "agent"}
+    assert all(set(t["policies"]) == policies for t in traces)
+    layer = data["layer_plans"]["policies"]
+    assert set(layer) == policies and all(p["status"] == "ok" and p["bitwise_warm_equals_cold"] for p in layer.values())
+    assert layer["inpass"]["warm_replay_tokens"] < layer["legacy"]["warm_replay_tokens"]
+    model = data["hybrid_model"]
+    assert model["status"] in ("ok", "not available")
+    if model["status"] == "ok":
+        assert set(model["policies"]) == policies
+        assert all(p["status"] == "ok" and p["bitwise_warm_equals_cold"] for p in model["policies"].values())
+
+
+def test_markdown_is_labelled(dry_run):
+    out, _ = dry_run
+    assert (out / "scan.md").read_text().startswith(f"# Scan benchmarks: {LABEL}")
+    assert (out / "serve.md").read_text().startswith(f"# Serving benchmarks: {LABEL}")
+
+
+def test_readme_block_refuses_reduced_results(dry_run):
+    out, _ = dry_run
+    proc = subprocess.run([sys.executable, "-m", "bench.summary", str(out), "--readme"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and not proc.stdout and "GPU results only" in proc.stderr
+
+
+def test_pass_bytes_formula():
+    shape = wl.Mamba2Shape("t", nheads=2, headdim=3, dstate=4, ngroups=1)
+    # x, y: 10*2*3*2 each; dt: 10*2*2; B, C: 10*1*4*2 each; A, D, dt_bias: 3*2*4; 2 final states, 1 capture
+    expected = 2 * 120 + 40 + 2 * 80 + 24 + 3 * (2 * 3 * 4 * 4)
+    assert wl.pass_bytes(shape, 10, 2, 2, ncapture=1) == expected
+    assert wl.pass_bytes(shape, 10, 2, 2, ncapture=1, initial_states=True) == expected + 2 * 96
+    m1 = wl.Mamba1Shape("t", dim=5, dstate=2)
+    # u, delta, y, z: 4*5*2 each; B, C: 4*2*2 each; A: 5*2*4; D, delta_bias: 5*4 each; 1 final state
+    assert wl.pass_bytes(m1, 4, 1, 2) == 4 * 40 + 2 * 16 + 40 + 40 + 40
+    assert wl.decode_bytes(shape, 3, 2) == 3 * (2 * 96 + 2 * 12 + 4 + 16) + 24
+
+
+def test_varlen_lengths_mix_and_sum():
+    for total in (16, 32, 2048, 32768):
+        lengths = wl.varlen_lengths(total)
+        assert len(lengths) == wl.VARLEN_SEQUENCES and sum(lengths) == total and min(lengths) >= 1
+        assert lengths == wl.varlen_lengths(total)
+    big = wl.varlen_lengths(32768)
+    assert max(big) > 4 * min(big)  # mixed, not equal
+    with pytest.raises(ValueError):
+        wl.varlen_lengths(15)
+
+
+def test_tail_split_point_fallback_matches_planner():
+    from bench import scan
+    planner = pytest.importorskip("planner")
+    for total in (1, 16, 17, 32, 33, 2048, 32772):
+        assert scan.tail_split_point_fallback(total, 16) == planner.tail_split_point(total, 16)
+
+
+def test_algorithms_follow_the_signature():
+    from bench.scan import algorithms
+
+    def old(x, *, backend="auto"):
+        pass
+
+    def new(x, *, algorithm="recurrent", chunk_size=None):
+        pass
+
+    assert algorithms(old) == ["recurrent"]
+    assert algorithms(new)[0] == "recurrent"
+
+
+def test_markdown_table_formats_figures():
+    table = markdown_table(["a", "b"], [[1.23456, None], [12345.6, "x"]])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.23 | - |", "| 12346 | x |"]
