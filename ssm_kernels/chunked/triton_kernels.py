@@ -268,18 +268,18 @@ _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.flo
 
 def launch_config(headdim: int, dstate: int, chunk_size: int) -> dict:
     """Block sizes and warps, a function of the model dimensions and chunk size alone (never of
-    sequence lengths or batch composition). tl.dot needs every block >= 16. A first choice,
-    not tuned on a GPU: re-tune with a benchmark before relying on its speed."""
+    sequence lengths or batch composition). tl.dot needs every block >= 16. Chosen so that no
+    kernel spills registers when compiled for sm_90 (bf16 and fp32, dstate up to 256, chunk 256:
+    tests/compile_for_gpu.py checks it); speed is not tuned on a GPU yet."""
     block_n = max(16, triton.next_power_of_2(dstate))
-    block_p = max(16, min(64, triton.next_power_of_2(headdim)))
     return dict(
-        BLOCK_N=block_n, BLOCK_P=block_p,
-        BLOCK_M=min(chunk_size, 64), BLOCK_K=min(chunk_size, 32 if block_n > 128 else 64),
+        BLOCK_N=block_n, BLOCK_P=max(16, min(32, triton.next_power_of_2(headdim))),
+        BLOCK_M=min(chunk_size, 32), BLOCK_K=min(chunk_size, 32),
         # state passing has no dot: its tile only has to fit the registers.
         PASS_BLOCK_P=max(1, min(triton.next_power_of_2(headdim), 4096 // block_n)),
         # 2 pipeline stages: with fp32 operands and dstate 256 a third stage of the K loop's
         # tiles would approach the shared memory of smaller GPUs.
-        num_warps=4, num_stages=2,
+        num_warps=8, num_stages=2,
     )
 
 

@@ -14,10 +14,14 @@ import triton.language as tl
 from .._triton import ptr_or, sequence_span, softplus, strides_or_zeros
 from .problem import ScanProblem
 
-# Elements of the state tile one program keeps in registers. Fixed by the model dimensions only:
-# a tile that changed with sequence length would change the instruction stream and break the
-# bitwise split invariance the prefix cache relies on.
-_TILE_ELEMENTS = 2048
+# The launch configuration is a function of the model dimensions alone: one that changed with
+# sequence length or batch would change the instruction stream and break the bitwise split
+# invariance the prefix cache relies on. Tiles of at most 1024 state elements and 16 rows keep
+# the whole step in registers (no spills when compiled for sm_90 at dstate 128, where 2048-element
+# tiles spill) and give many programs per layer: the recurrence is latency-bound, so more tiles
+# in flight is what hides the latency of each step.
+_TILE_ELEMENTS = 1024
+_MAX_BLOCK_P = 16
 
 
 @triton.jit
@@ -142,11 +146,12 @@ def _scan_kernel(
     tl.store(p_out, state, mask=m_pn)
 
 
-def block_sizes(headdim: int, dstate: int) -> tuple[int, int]:
-    """(BLOCK_P, BLOCK_N): a function of the model dimensions alone."""
+def launch_config(headdim: int, dstate: int) -> tuple[int, int, int]:
+    """(BLOCK_P, BLOCK_N, num_warps) for the model dimensions. A warp per 256 tile elements
+    (at most 4): small tiles keep the row reduction inside one warp."""
     block_n = triton.next_power_of_2(dstate)
-    block_p = min(triton.next_power_of_2(headdim), max(1, _TILE_ELEMENTS // block_n))
-    return block_p, block_n
+    block_p = min(triton.next_power_of_2(headdim), _MAX_BLOCK_P, max(1, _TILE_ELEMENTS // block_n))
+    return block_p, block_n, max(1, min(4, block_p * block_n // 256))
 
 
 def run_triton(p: ScanProblem) -> None:
@@ -155,7 +160,7 @@ def run_triton(p: ScanProblem) -> None:
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
-    block_p, block_n = block_sizes(headdim, dstate)
+    block_p, block_n, num_warps = launch_config(headdim, dstate)
     grid = (nseq, nheads, triton.cdiv(headdim, block_p))
     cap = p.captures
     out = p.state_out
@@ -173,5 +178,5 @@ def run_triton(p: ScanProblem) -> None:
         HAS_INITIAL_STATE=p.state_in is not None, HAS_STATE_INDEX=p.state_index is not None,
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
         BLOCK_P=block_p, BLOCK_N=block_n,
-        num_warps=4,
+        num_warps=num_warps,
     )
