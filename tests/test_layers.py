@@ -137,11 +137,11 @@ def test_bfloat16_split_is_bitwise():
 
 
 @torch.no_grad()
-def test_triton_backend_runs_the_layer_bitwise():
+def test_triton_backend_runs_the_layer_bitwise(device):
     """Both kernels through Triton (the interpreter on CPU): a restored snapshot continues exactly
     and the result is close to the PyTorch path."""
-    layer = randomised(mamba2(backend="triton"))
-    hidden = torch.randn(1, 7, HIDDEN)
+    layer = randomised(mamba2(backend="triton")).to(device)
+    hidden = torch.randn(1, 7, HIDDEN, device=device)
     whole = layer(hidden, capture=[(0, 3)])
     tail = layer(hidden[:, 3:], state=layer.restore(whole.snapshots[0]))
     assert torch.equal(tail.out, whole.out[:, 3:]) and torch.equal(tail.state.ssm, whole.state.ssm)
