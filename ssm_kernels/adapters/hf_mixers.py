@@ -246,22 +246,31 @@ def _decode_caps(offsets, before, after):
     return torch.stack(caps) if caps else None
 
 
+def _begin_pass(mixer, hidden_states, args, kwargs):
+    """What every patched mixer forward starts with: the pass context, the cache and this layer's entry,
+    the pass's attention mask and the function applying it, the pass start and capture offsets,
+    and the cached conv and SSM states (None without a cache)."""
+    ctx: PassContext = mixer._ssm_kernels_pass
+    cache, attention_mask, _ = _split_call(args, kwargs)
+    _check_inference(mixer, hidden_states)
+    batch, seqlen, _ = hidden_states.shape
+    attention_mask = _pass_mask(attention_mask, batch, seqlen)
+    layer = None if cache is None else hf_cache.linear_layer(cache, mixer.layer_idx)
+    start, offsets = ctx.begin(cache, layer, batch, seqlen, attention_mask)
+    conv_state, ssm_state = (None, None) if layer is None else hf_cache.read_states(layer)
+    return ctx, cache, layer, attention_mask, _mask_fn(mixer), start, offsets, conv_state, ssm_state
+
+
 # ---------------------------------------------------------------------------------------------
 # Mamba-2 family: Mamba2, Bamba, NemotronH, FalconH1, Zamba2, GraniteMoeHybrid
 # ---------------------------------------------------------------------------------------------
 def mamba2_forward(self, hidden_states, *args, **kwargs):
     """transformers' Mamba-2 mixer forward (PyTorch path) on this library's kernels."""
-    ctx: PassContext = self._ssm_kernels_pass
-    cache, attention_mask, _ = _split_call(args, kwargs)
-    _check_inference(self, hidden_states)
-    mask = _mask_fn(self)
+    ctx, cache, layer, attention_mask, mask, start, offsets, conv_state, ssm_state = _begin_pass(
+        self, hidden_states, args, kwargs)
     batch, seqlen, _ = hidden_states.shape
     dtype = hidden_states.dtype
-    attention_mask = _pass_mask(attention_mask, batch, seqlen)
     nh, hd, ds, ng, inter = self.num_heads, self.head_dim, self.ssm_state_size, self.n_groups, self.intermediate_size
-    layer = None if cache is None else hf_cache.linear_layer(cache, self.layer_idx)
-    start, offsets = ctx.begin(cache, layer, batch, seqlen, attention_mask)
-    conv_state, ssm_state = (None, None) if layer is None else hf_cache.read_states(layer)
 
     hidden_states = mask(hidden_states, attention_mask)
     ssm_in = getattr(self, "ssm_in_multiplier", None)  # FalconH1's muP multipliers
@@ -339,16 +348,10 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
     its scan from the cached SSM state (transformers' selective scan has no initial state and
     restarts from zeros), so chunked prefill gives the logits of a single full pass.
     """
-    ctx: PassContext = self._ssm_kernels_pass
-    cache, attention_mask, _ = _split_call(args, kwargs)
-    _check_inference(self, hidden_states)
-    mask = _mask_fn(self)
+    ctx, cache, layer, attention_mask, mask, start, offsets, conv_state, ssm_state = _begin_pass(
+        self, hidden_states, args, kwargs)
     batch, seqlen, _ = hidden_states.shape
     dtype = hidden_states.dtype
-    attention_mask = _pass_mask(attention_mask, batch, seqlen)
-    layer = None if cache is None else hf_cache.linear_layer(cache, self.layer_idx)
-    start, offsets = ctx.begin(cache, layer, batch, seqlen, attention_mask)
-    conv_state, ssm_state = (None, None) if layer is None else hf_cache.read_states(layer)
 
     projected = self.in_proj(mask(hidden_states, attention_mask)).transpose(1, 2)
     x_in, gate = projected.chunk(2, dim=1)  # (batch, intermediate, seqlen) each
