@@ -18,6 +18,17 @@ def softplus(v):
 
 
 @triton.jit
+def discretize_dt(dt, dt_bias, dt_min, dt_max, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    """dt' = clamp(softplus(dt + dt_bias) if DT_SOFTPLUS else dt + dt_bias, dt_min, dt_max), fp32
+    (dt_bias read only with HAS_DT_BIAS)."""
+    if HAS_DT_BIAS:
+        dt += dt_bias
+    if DT_SOFTPLUS:
+        dt = softplus(dt)
+    return tl.minimum(tl.maximum(dt, dt_min), dt_max)
+
+
+@triton.jit
 def sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN: tl.constexpr):
     """(batch row, first token, length) of sequence i_s, all int64. cu_seqlens holds the bounds
     of a varlen batch, or [0, seqlen, 2 * seqlen, ...] for a dense one, whose rows start at 0."""

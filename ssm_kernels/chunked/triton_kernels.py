@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..scan.problem import ScanProblem
-from .._triton import RUNS_ON_CPU, ptr_or, softplus, strides_or_zeros
+from .._triton import RUNS_ON_CPU, discretize_dt, ptr_or, strides_or_zeros
 from .plan import ChunkPlan
 
 
@@ -97,11 +97,10 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
     o_t = tl.arange(0, CHUNK)
     m_t = o_t < n_tok
     b_dt = tl.load(dt_ptr + i_b * s_dt_b + (t0 + o_t) * s_dt_t + i_h * s_dt_h, mask=m_t, other=0.0).to(tl.float32)
+    b_bias = 0.0
     if HAS_DT_BIAS:
-        b_dt += tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
-    if DT_SOFTPLUS:
-        b_dt = softplus(b_dt)
-    b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
+        b_bias = tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
+    b_dt = discretize_dt(b_dt, b_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
     b_dt = tl.where(m_t, b_dt, 0.0)  # tokens past the chunk neither decay nor contribute
     b_cs = tl.cumsum(b_dt * tl.load(A_ptr + i_h * s_A_h).to(tl.float32), axis=0)
     o_scr = (i_c * nheads + i_h) * CHUNK + o_t

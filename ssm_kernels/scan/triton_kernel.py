@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import ptr_or, sequence_span, softplus, strides_or_zeros
+from .._triton import discretize_dt, ptr_or, sequence_span, strides_or_zeros
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions alone: one that changed with
@@ -35,11 +35,7 @@ def _advance(state, t_lo, t_hi,
     for t in range(t_lo, t_hi):
         b_x = tl.load(p_x + t * s_x_t, mask=m_p, other=0.0).to(tl.float32)  # [BP]
         b_dt = tl.load(p_dt + t * s_dt_t, mask=m_p, other=0.0).to(tl.float32)  # [BP]
-        if HAS_DT_BIAS:
-            b_dt += b_dt_bias
-        if DT_SOFTPLUS:
-            b_dt = softplus(b_dt)
-        b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
+        b_dt = discretize_dt(b_dt, b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
         b_B = tl.load(p_B + t * s_B_t, mask=m_n, other=0.0).to(tl.float32)  # [BN]
         b_C = tl.load(p_C + t * s_C_t, mask=m_n, other=0.0).to(tl.float32)  # [BN]
         if A_PER_STATE:
