@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..scan.problem import ScanProblem
+from ..scan.torch_kernel import discretize_dt
 from .plan import ChunkPlan
 
 
@@ -35,6 +36,7 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
     group = torch.arange(nheads, device=device) // (nheads // ngroups)
     A = p.A[:, 0, 0].float()
     D = p.D.float() if p.D is not None else None  # (H, P)
+    dt_bias = p.dt_bias[:, 0].float() if p.dt_bias is not None else None  # (H,)
     inner = {}
     for row, c, j in plan.inner_list:
         inner.setdefault(c, []).append((row, j))
@@ -49,12 +51,7 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
             tok = slice(t0, t0 + n)
             x = p.x[b, tok].float()  # (L, H, P)
             B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N)
-            dt = p.dt[b, tok, :, 0].float()  # (L, H)
-            if p.dt_bias is not None:
-                dt = dt + p.dt_bias[:, 0].float()
-            if p.dt_softplus:
-                dt = F.softplus(dt)
-            dt = dt.clamp(p.dt_min, p.dt_max)
+            dt = discretize_dt(p.dt[b, tok, :, 0], dt_bias, p)  # (L, H)
             cs = torch.cumsum(dt * A, dim=0)  # (L, H)
             causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()[:, :, None]
             decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)

@@ -14,6 +14,17 @@ import torch.nn.functional as F
 from .problem import ScanProblem
 
 
+def discretize_dt(dt, dt_bias, p: ScanProblem):
+    """dt' = clamp(softplus(dt + dt_bias) if p.dt_softplus else dt + dt_bias, p.dt_min, p.dt_max),
+    in float32 (dt_bias, float32, may be None)."""
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if p.dt_softplus:
+        dt = F.softplus(dt)  # threshold 20, as the kernels
+    return dt.clamp(p.dt_min, p.dt_max)
+
+
 def token_step(state, x, dt, B, C, z, A, D, dt_bias, p: ScanProblem):
     """Advance a (nheads, headdim, dstate) float32 state by one token; return (state, y).
 
@@ -21,12 +32,7 @@ def token_step(state, x, dt, B, C, z, A, D, dt_bias, p: ScanProblem):
     A: (nheads, headdim, dstate), or (nheads, headdim) when one decay per head.
     """
     x = x.float()
-    dt = dt.float()
-    if dt_bias is not None:
-        dt = dt + dt_bias
-    if p.dt_softplus:
-        dt = F.softplus(dt)  # threshold 20, as the kernel
-    dt = dt.clamp(p.dt_min, p.dt_max)
+    dt = discretize_dt(dt, dt_bias, p)
     dA = torch.exp(dt.unsqueeze(-1) * A) if p.a_per_state else torch.exp(dt * A).unsqueeze(-1)
     state = state * dA + (dt * x).unsqueeze(-1) * B.float().unsqueeze(1)
     y = (state * C.float().unsqueeze(1)).sum(-1)
