@@ -87,7 +87,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
-        for ngroups, dstate, headdim in ((1, 128, 64), (8, 16, 32), (1, 256, 64)):
+        for ngroups, dstate, headdim in ((1, 128, 64), (8, 16, 32), (1, 256, 64), (2, 64, 64), (1, 32, 64)):
             nheads = 8
             x = torch.randn(1, 40, nheads, headdim).to(dtype)
             dt = torch.randn(1, 40, nheads).to(dtype)
