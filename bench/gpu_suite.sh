@@ -3,7 +3,8 @@
 #   1. nvidia-smi and the Python/torch/triton/peer versions;
 #   2. the test suite on CUDA: pytest -x -q (tests switch to CUDA themselves; tests/test_bench.py is
 #      left out because step 3 runs the same benchmarks at full size);
-#   3. python -m bench.scan at the standard shapes, peers included where importable;
+#   3. python -m bench.accuracy (every mamba2_scan path against float64), then python -m bench.scan
+#      at the standard shapes, peers included where importable;
 #   4. python -m bench.serve (simulator, one layer's plans, the hybrid model);
 #   5. the short tables, last.
 # Everything goes to $OUT (default bench/results/<UTC date>-gpu; a dry run: -gpu-reduced or
@@ -85,6 +86,9 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   step pytest pytest.log "$PYTEST_TIMEOUT" "$PY" -m pytest -x -q -p no:cacheprovider --ignore=tests/test_bench.py
 fi
+
+# Accuracy of every mamba2_scan path against float64 (the compiled kernels on a GPU).
+step accuracy accuracy.log 120 "$PY" -m bench.accuracy
 
 # The benchmarks share what is left: scan first, leaving SERVE_RESERVE for serve and the summary.
 SERVE_RESERVE=${SERVE_RESERVE:-80}

@@ -45,7 +45,7 @@ def test_dry_run_succeeds_and_prints_the_short_tables_last(dry_run):
 def test_dry_run_writes_every_file(dry_run):
     out, _ = dry_run
     for name in ("scan.json", "scan.md", "serve.json", "serve.md", "logs/steps.tsv", "logs/env.log",
-                 "logs/scan.log", "logs/serve.log"):
+                 "logs/accuracy.log", "logs/scan.log", "logs/serve.log"):
         assert (out / name).stat().st_size > 0, name
     pngs = ("scan_throughput.png", "scan_decode.png", "serve_policies.png", "serve_measured.png")
     if HAS_MATPLOTLIB:
@@ -168,3 +168,15 @@ def test_algorithms_follow_the_signature():
 def test_markdown_table_formats_figures():
     table = markdown_table(["a", "b"], [[1.23456, None], [12345.6, "x"]])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.23 | - |", "| 12346 | x |"]
+
+
+def test_accuracy_table_meets_the_tolerances(dry_run):
+    """bench.accuracy's table: every path within the tests' tolerances (float32 1e-4 covers the
+    chunked algorithm; bfloat16 1e-2)."""
+    out, _ = dry_run
+    rows = [line.split() for line in (out / "logs" / "accuracy.log").read_text().splitlines()
+            if line.startswith(("float32 ", "bfloat16 "))]
+    assert len(rows) == 8, rows
+    for dtype, algorithm, backend, *errors in rows:
+        limit = 1e-4 if dtype == "float32" else 1e-2
+        assert all(float(e) <= limit for e in errors), (dtype, algorithm, backend, errors)
