@@ -64,6 +64,12 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def _chunk_span(chunks_ptr, i_c):
+    """(batch row, first token, length) of chunk i_c, from the ChunkPlan's (nchunks, 3) table."""
+    return tl.load(chunks_ptr + i_c * 3), tl.load(chunks_ptr + i_c * 3 + 1), tl.load(chunks_ptr + i_c * 3 + 2)
+
+
+@triton.jit
 def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
                         BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
@@ -91,9 +97,7 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
                       HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_b = tl.load(chunks_ptr + i_c * 3)
-    t0 = tl.load(chunks_ptr + i_c * 3 + 1)
-    n_tok = tl.load(chunks_ptr + i_c * 3 + 2)
+    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
     o_t = tl.arange(0, CHUNK)
     m_t = o_t < n_tok
     b_dt = tl.load(dt_ptr + i_b * s_dt_b + (t0 + o_t) * s_dt_t + i_h * s_dt_h, mask=m_t, other=0.0).to(tl.float32)
@@ -119,9 +123,7 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
     i_h = tl.program_id(1).to(tl.int64)
     i_p = tl.program_id(2)
     i_g = i_h // heads_per_group
-    i_b = tl.load(chunks_ptr + i_c * 3)
-    t0 = tl.load(chunks_ptr + i_c * 3 + 1)
-    n_tok = tl.load(chunks_ptr + i_c * 3 + 2)
+    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
     o_n = tl.arange(0, BLOCK_N)
     m_p = o_p < headdim
@@ -181,9 +183,7 @@ def _chunk_output_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_pt
     i_m = tl.program_id(2) // n_pblocks
     i_p = tl.program_id(2) % n_pblocks
     i_g = i_h // heads_per_group
-    i_b = tl.load(chunks_ptr + i_c * 3)
-    t0 = tl.load(chunks_ptr + i_c * 3 + 1)
-    n_tok = tl.load(chunks_ptr + i_c * 3 + 2)
+    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output tokens (rows) of this program
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
     o_n = tl.arange(0, BLOCK_N)
@@ -242,8 +242,7 @@ def _capture_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, inner_
     row = tl.load(inner_ptr + i_r * 3)
     i_c = tl.load(inner_ptr + i_r * 3 + 1)
     j = tl.load(inner_ptr + i_r * 3 + 2)  # tokens of chunk i_c consumed, 0 <= j < its length
-    i_b = tl.load(chunks_ptr + i_c * 3)
-    t0 = tl.load(chunks_ptr + i_c * 3 + 1)
+    i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
     o_n = tl.arange(0, BLOCK_N)
     m_p = o_p < headdim
