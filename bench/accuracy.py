@@ -17,7 +17,7 @@ import torch
 from . import common
 
 from ssm_kernels import mamba2_scan  # noqa: E402  (after bench sets TRITON_INTERPRET on CPU)
-from ssm_kernels.reference import mamba2_scan_ref  # noqa: E402
+from ssm_kernels.scan.reference import mamba2_scan_ref  # noqa: E402
 
 
 def inputs(seqlen: int, dtype: torch.dtype, device: torch.device, nheads=4, headdim=16, ngroups=2, dstate=16):

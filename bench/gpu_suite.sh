@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU suite (docs/gpu.md), one call on an H200, well inside 7 minutes:
+# The GPU suite, one call on an H200, well inside 7 minutes:
 #   1. nvidia-smi and the Python/torch/triton/peer versions;
 #   2. the test suite on CUDA: pytest -x -q (tests switch to CUDA themselves; tests/test_bench.py is
 #      left out because step 3 runs the same benchmarks at full size, and

@@ -7,7 +7,7 @@ that the benchmark can check the mapping against mamba2_scan/mamba1_scan before 
 
 - mamba_ssm (Triton ops): mamba_chunk_scan_combined and selective_state_update. Importing the
   package needs its compiled `selective_scan_cuda`; a stand-in module is put into sys.modules
-  first (docs/gpu.md). If the package's __init__ still fails (it imports transformers through
+  first. If the package's __init__ still fails (it imports transformers through
   its generation utilities), the package is loaded bare, without its __init__, and only the
   Triton ops are imported.
 - fla: chunk_simple_gla with the Mamba-2 mapping q = C, k = B, v = dt' * x, g = dt' * A,

@@ -28,20 +28,8 @@ from . import common, peers as peers_mod, report, workloads as wl
 from .common import Budget, Terminated, TimingOptions, rel_error, time_fn
 
 import ssm_kernels  # noqa: E402  (after bench sets TRITON_INTERPRET on CPU)
-
-
-
-def tail_split_point_fallback(total: int, block_size: int) -> int | None:
-    """The tail split point where planner is absent (docs/design.md): one block below the last
-    block boundary strictly below total; None when that is not above token 0."""
-    boundary = (total - 1) // block_size * block_size if total > block_size else None
-    return None if boundary is None or boundary - block_size <= 0 else boundary - block_size
-
-
-try:
-    from planner import tail_split_point
-except ImportError:
-    tail_split_point = tail_split_point_fallback
+from planner import tail_split_point  # noqa: E402
+from ssm_kernels.scan.chunked import ALGORITHMS  # noqa: E402
 
 ELT = 2  # bfloat16 inputs
 CHECK_TOLERANCE = 5e-2  # a peer whose y differs from ours by more (RMS-relative) is flagged
@@ -54,10 +42,6 @@ def algorithms(fn) -> list[str]:
     if param is None:
         return ["recurrent"]
     names = [param.default]
-    try:
-        from ssm_kernels.chunked import ALGORITHMS
-    except ImportError:
-        ALGORITHMS = ()
     if "chunked" in ALGORITHMS and "chunked" not in names:
         names.append("chunked")
     return names

@@ -7,11 +7,11 @@
    prefilled cold by one Mamba-2 layer's scan pass by pass, as each policy plans it (in-pass
    captures included), then the byte-identical warm request from the snapshot the cache would
    restore. Checks that the warm output equals the cold one bit for bit (recurrent algorithm).
-3. Hybrid model (measured): ssm_kernels.model's Engine serving the incident prompt cold and then
+3. Hybrid model (measured): ssm_serving's Engine serving the incident prompt cold and then
    warm under each policy (wall clock, device synchronised, one run each: a cold run needs a
    fresh cache); checks warm logits == cold logits bit for bit.
 
-The incident is scaled as ssm_kernels.demo scales it: budget 8192 / scale, first chunk budget + 1,
+The incident is scaled as ssm_serving.demo scales it: budget 8192 / scale, first chunk budget + 1,
 prompt 4 * budget + 4 tokens, interval max(1, 32 / scale) blocks. Full size (scale 1) for the layer
 plans on a GPU; the hybrid model computes every non-SSM op one token at a time (for exactness), so
 it runs at scale 8 on a GPU and smaller on CPU.
@@ -148,10 +148,10 @@ class ServeBench:
 
     # -- 3. hybrid model -----------------------------------------------------------------------
     def hybrid_model(self):
-        would_call = ("ssm_kernels.model.Engine(HybridLM(HybridConfig()), policy=..., block_size=16, budget=..., "
+        would_call = ("ssm_serving.Engine(HybridLM(HybridConfig()), policy=..., block_size=16, budget=..., "
                       "first_budget=..., interval=...).serve(prompt), cold and then warm")
         try:
-            from ssm_kernels.model import Engine, HybridConfig, HybridLM
+            from ssm_serving import Engine, HybridConfig, HybridLM
         except ImportError as exc:
             self.results["hybrid_model"] = {"status": "not available", "reason": f"{type(exc).__name__}: {exc}",
                                             "would_call": would_call}
@@ -161,7 +161,7 @@ class ServeBench:
         model = HybridLM(config, device=self.device)
         rng = random.Random(0)
         prompt = [rng.randrange(config.vocab_size) for _ in range(total)]
-        entry = {"what": "measured: ssm_kernels.model.Engine.serve, the incident prompt cold then the "
+        entry = {"what": "measured: ssm_serving.Engine.serve, the incident prompt cold then the "
                          "byte-identical request warm; wall clock, device synchronised, one run each",
                  "config": {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(config).items()},
                  "layers": list(config.layer_types), "rules": rules, "prompt_tokens": total,

@@ -145,13 +145,6 @@ def test_varlen_lengths_mix_and_sum():
         wl.varlen_lengths(15)
 
 
-def test_tail_split_point_fallback_matches_planner():
-    from bench import scan
-    planner = pytest.importorskip("planner")
-    for total in (1, 16, 17, 32, 33, 2048, 32772):
-        assert scan.tail_split_point_fallback(total, 16) == planner.tail_split_point(total, 16)
-
-
 def test_algorithms_follow_the_signature():
     from bench.scan import algorithms
 

@@ -1,4 +1,4 @@
-"""The incident demo: `ssm-prefill demo` / `python -m ssm_kernels.demo` with tiny flags."""
+"""The incident demo: `ssm-prefill demo` / `python -m ssm_serving.demo` with tiny flags."""
 import os
 import re
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from ssm_kernels import cli, demo
+from ssm_serving import cli, demo
 
 TINY = ["--scale", "256", "--layers", "2", "--hidden", "32", "--state-size", "8", "--vocab", "64"]
 
@@ -47,7 +47,7 @@ def test_cli_demo_subcommand_with_some_policies(capsys):
 
 def test_module_entry_point_shows_progress_on_stderr():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "ssm_kernels.demo", *TINY, "--policies", "inpass"],
+    done = subprocess.run([sys.executable, "-m", "ssm_serving.demo", *TINY, "--policies", "inpass"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert table_rows(done.stdout)["inpass"][4:6] == ["128", "4"]

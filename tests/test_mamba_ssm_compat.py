@@ -8,7 +8,7 @@ import torch
 from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
 from ssm_kernels.adapters.mamba_ssm_compat import (mamba_chunk_scan_combined, selective_scan_fn,
                                                    selective_state_update)
-from ssm_kernels.reference import mamba1_scan_ref, mamba2_scan_ref, selective_state_update_ref
+from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref, selective_state_update_ref
 
 TOL = TOLERANCE[torch.float32]
 NO_CLAMP = (-math.inf, math.inf)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from planner import POLICIES, agentic_branching, multi_turn_chat
-from ssm_kernels.demo import Incident
-from ssm_kernels.model import Engine, HybridConfig, HybridLM, KVBlockStore
+from ssm_serving.demo import Incident
+from ssm_serving import Engine, HybridConfig, HybridLM, KVBlockStore
 
 CONFIG = HybridConfig(vocab_size=64, hidden_size=32, num_layers=4, attention_every=2, num_attention_heads=2,
                       mamba_heads=2, mamba_head_dim=32, state_size=8, mlp_size=48, seed=3)

@@ -6,7 +6,7 @@ import torch
 from helpers import (TOLERANCE, assert_rel_close, mamba1_inputs, mamba1_positional, mamba2_inputs,
                      mamba2_positional)
 from ssm_kernels import mamba1_scan, mamba2_scan, selective_state_update
-from ssm_kernels.reference import mamba1_scan_ref, mamba2_scan_ref, selective_state_update_ref
+from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref, selective_state_update_ref
 
 BACKENDS = ["torch", "triton"]
 

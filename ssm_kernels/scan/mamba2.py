@@ -7,7 +7,7 @@ import torch
 
 from .._common import (FLOAT_DTYPES, ScanResult, check_dt_limit, check_same_device, check_state_indices,
                        check_tensor, make_capture_table, make_sequences, new_output, resolve_backend)
-from .. import chunked
+from . import chunked
 from . import dispatch
 from .problem import ScanProblem, check_scan_sizes
 
@@ -89,7 +89,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         algorithm: "recurrent" (default; exact, one token at a time), "chunked" (matmuls inside
             chunks; fast on GPU for long passes, accurate to rounding but not bit-identical across
             splits) or "auto" (recurrent on CPU; on CUDA chunked when the longest sequence has at
-            least ssm_kernels.chunked.AUTO_CHUNKED_MIN_TOKENS tokens). See ssm_kernels.chunked.
+            least ssm_kernels.scan.chunked.AUTO_CHUNKED_MIN_TOKENS tokens). See ssm_kernels.scan.chunked.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
             (default 256); the chunk grid restarts at each sequence start. Ignored by "recurrent".
 

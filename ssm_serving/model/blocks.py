@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import per_token
+from ssm_kernels.layers import per_token
 
 
 class RMSNorm(nn.Module):

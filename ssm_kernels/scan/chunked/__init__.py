@@ -24,7 +24,7 @@ import operator
 
 import torch
 
-from .._common import Sequences
+from ..._common import Sequences
 from .plan import ChunkPlan, make_plan
 from .torch_chunked import run_chunked_torch
 from .triton_kernels import run_chunked_triton

@@ -14,7 +14,7 @@ a block boundary, and under legacy the tail split point falls inside the second-
 ``--full`` runs it at full size (about 3.5 minutes on a 2-core CPU). The exact path throughout: the recurrent kernels (PyTorch on
 CPU, Triton on CUDA) and token-wise projections.
 
-    python -m ssm_kernels.demo [--scale N | --full] [--layers L] [--hidden H] ...
+    python -m ssm_serving.demo [--scale N | --full] [--layers L] [--hidden H] ...
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from tqdm import tqdm
 
 from planner import POLICIES, plan_prefill
 
-from .model import Engine, HybridConfig, HybridLM
+from .engine import Engine
+from .model import HybridConfig, HybridLM
 
 # The seed's incident at full size.
 FULL_BUDGET, BLOCK_SIZE, FULL_INTERVAL = 8192, 16, 32
@@ -113,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     return add_arguments(argparse.ArgumentParser(
-        prog="python -m ssm_kernels.demo", description=__doc__.split("\n\n")[0],
+        prog="python -m ssm_serving.demo", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter))
 
 

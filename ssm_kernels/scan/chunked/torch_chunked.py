@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..scan.problem import ScanProblem
-from ..scan.torch_kernel import discretize_dt
+from ..problem import ScanProblem
+from ..torch_kernel import discretize_dt
 from .plan import ChunkPlan
 
 

@@ -19,7 +19,7 @@ import torch
 
 from planner import PrefixCache, plan_prefill
 
-from .hybrid import HybridLM, ModelSnapshot
+from .model import HybridLM, ModelSnapshot
 
 
 class KVBlockStore:

@@ -14,7 +14,8 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
-from ..layers import Mamba2Mixer, Snapshot, per_token
+from ssm_kernels.layers import Mamba2Mixer, Snapshot, per_token
+
 from .blocks import MLP, Attention, KVCache, RMSNorm
 
 LOGITS = ("all", "last", "none")

@@ -21,7 +21,7 @@ dimensions:
    states. Captures at a sequence's end are copies of its final state (launcher).
 
 Rounding depends on the chunk grid: unlike the recurrent kernel, results are not bit-identical
-across different splits of a sequence into passes (see ssm_kernels.chunked).
+across different splits of a sequence into passes (see ssm_kernels.scan.chunked).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..scan.problem import ScanProblem
-from .._triton import RUNS_ON_CPU, discretize_dt, ptr_or, strides_or_zeros
+from ..problem import ScanProblem
+from ..._triton import RUNS_ON_CPU, discretize_dt, ptr_or, strides_or_zeros
 from .plan import ChunkPlan
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import CaptureTable, Sequences
+from ..._common import CaptureTable, Sequences
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Float64 references: plain loops over time that are the specification of every op.
+"""Float64 references of the scans: plain loops over time that are their specification.
 
 Same signatures as the public functions (less `backend`); every computation in float64. They
 check nothing beyond what their loops need: validation is the public functions' job.
@@ -10,8 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._common import ScanResult
-from .conv.reference import causal_conv1d_ref  # noqa: F401  (the conv's reference lives beside it)
+from .._common import ScanResult
 
 
 def _f64(t):
