@@ -92,14 +92,14 @@ def check_dt_limit(dt_limit) -> tuple[float, float]:
 class Sequences:
     """The sequences of one pass.
 
-    cu_seqlens: (nseq + 1,) int64 on the tensors' device: sequence s covers token offsets
-        [cu_seqlens[s], cu_seqlens[s + 1]) of the time axis in varlen mode; in dense mode it is
-        [0, seqlen, 2 * seqlen, ...] and sequence s is batch row s.
-    lengths: the same lengths on the host.
+    cu_seqlens: (nseq + 1,) int64 on the tensors' device in varlen mode: sequence s covers token
+        offsets [cu_seqlens[s], cu_seqlens[s + 1]) of the time axis. None in dense mode, where
+        sequence s is batch row s (no device tensor, so a dense call costs no transfer).
+    lengths: the lengths on the host.
     varlen: whether sequences are packed along the time axis of batch row 0.
     """
 
-    cu_seqlens: torch.Tensor
+    cu_seqlens: torch.Tensor | None
     lengths: list[int]
     varlen: bool
 
@@ -109,15 +109,15 @@ class Sequences:
 
     def spans(self):
         """(batch row, first token, length) of each sequence."""
-        starts = self.cu_seqlens.tolist()
+        start = 0
         for s, length in enumerate(self.lengths):
-            yield (0, starts[s], length) if self.varlen else (s, 0, length)
+            yield (0, start, length) if self.varlen else (s, 0, length)
+            start += length
 
 
 def make_sequences(batch: int, seqlen: int, cu_seqlens, device: torch.device) -> Sequences:
     if cu_seqlens is None:
-        cu = torch.arange(batch + 1, dtype=torch.int64, device=device) * seqlen
-        return Sequences(cu, [seqlen] * batch, varlen=False)
+        return Sequences(None, [seqlen] * batch, varlen=False)
     check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
     if cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}")
@@ -145,12 +145,13 @@ class CaptureTable:
 
     Sequence s owns entries [ptr[s], ptr[s + 1]); entry i asks for the state after offset[i]
     tokens, written to row[i] of the capture buffer (its index in the caller's order).
-    All three are int64 tensors on the tensors' device; `entries` holds the same on the host.
+    All three are int64 tensors on the tensors' device, or None when there is no capture (no
+    transfer for a call without captures); `entries` holds the same on the host.
     """
 
-    ptr: torch.Tensor
-    offset: torch.Tensor
-    row: torch.Tensor
+    ptr: torch.Tensor | None
+    offset: torch.Tensor | None
+    row: torch.Tensor | None
     entries: list[tuple[int, int, int]]  # (sequence, offset, row), sorted
 
     @property
@@ -196,6 +197,8 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
         if k > seqs.lengths[s]:
             raise ValueError(f"capture offset {k} for sequence {s} is past its length {seqs.lengths[s]}")
     entries = sorted((s, k, row) for row, (s, k) in enumerate(pairs))
+    if not entries:
+        return CaptureTable(None, None, None, [])
     counts = [0] * (seqs.count + 1)
     for s, _, _ in entries:
         counts[s + 1] += 1

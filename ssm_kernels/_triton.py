@@ -29,16 +29,17 @@ def discretize_dt(dt, dt_bias, dt_min, dt_max, HAS_DT_BIAS: tl.constexpr, DT_SOF
 
 
 @triton.jit
-def sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN: tl.constexpr):
-    """(batch row, first token, length) of sequence i_s, all int64. cu_seqlens holds the bounds
-    of a varlen batch, or [0, seqlen, 2 * seqlen, ...] for a dense one, whose rows start at 0."""
-    bos = tl.load(cu_seqlens_ptr + i_s)
-    length = tl.load(cu_seqlens_ptr + i_s + 1) - bos
+def sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN: tl.constexpr):
+    """(batch row, first token, length) of sequence i_s, all int64: from cu_seqlens, the bounds
+    of a varlen batch, or batch row i_s of a dense one (cu_seqlens unread)."""
     if IS_VARLEN:
+        bos = tl.load(cu_seqlens_ptr + i_s)
+        length = tl.load(cu_seqlens_ptr + i_s + 1) - bos
         i_b = i_s - i_s
     else:
         i_b = i_s
-        bos = bos - bos
+        bos = i_s - i_s
+        length = bos + seqlen
     return i_b, bos, length
 
 

@@ -41,7 +41,7 @@ def _load_inputs(p_x, s_x_t, p_init, s_init_k, pos, m_d, m_pos,
 def _conv_kernel(
     x_ptr, w_ptr, bias_ptr, init_ptr, out_ptr, final_ptr, captured_ptr,
     cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
-    dim,
+    dim, seqlen,
     s_x_b, s_x_d, s_x_t,
     s_w_d, s_w_k,
     s_bias_d,
@@ -57,7 +57,7 @@ def _conv_kernel(
     i_d = tl.program_id(1)
     i_s = tl.program_id(2).to(tl.int64)
 
-    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN)
+    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
 
     o_d = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     m_d = o_d < dim
@@ -116,8 +116,8 @@ def run_triton(p: ConvProblem) -> None:
     _conv_kernel[grid](
         ptr_or(p.x, w), w, ptr_or(p.bias, w), ptr_or(p.state_in, w), ptr_or(p.out, w),
         ptr_or(p.state_out, w), ptr_or(p.captured, w),
-        p.seqs.cu_seqlens, cap.ptr, ptr_or(cap.offset, cap.ptr), ptr_or(cap.row, cap.ptr),
-        dim,
+        ptr_or(p.seqs.cu_seqlens, w), ptr_or(cap.ptr, w), ptr_or(cap.offset, w), ptr_or(cap.row, w),
+        dim, p.x.shape[2],
         *p.x.stride(), *p.weight.stride(), *strides_or_zeros(p.bias, 1), *strides_or_zeros(p.state_in, 3),
         *p.out.stride(), *p.state_out.stride(), *p.captured.stride(),
         WIDTH=width, HAS_BIAS=p.bias is not None, SILU=p.silu,

@@ -40,11 +40,17 @@ class ScanProblem:
             (Mamba-2: one decay per head); with True every entry is (Mamba-1).
         B, C: (batch, seqlen, ngroups, dstate); head h uses group h // (nheads // ngroups).
         D, dt_bias: (nheads, headdim) or None.
-        state_in: (nslots, nheads, headdim, dstate) float32, or None for zero initial states.
-        state_index: (nseq,) int64 or None: sequence s reads state_in[state_index[s]] and
-            writes state_out[state_index[s]]; None means slot s.
+        state_in: (nslots, nheads, headdim, dstate) float32 (bfloat16 or float16 for a decode
+            state pool), or None for zero initial states.
+        state_index: (nseq,) int32/int64 or None: sequence s reads state_in[state_index[s]]
+            and writes state_out[state_index[s]]; None means slot s.
+        state_out_index: (nseq,) int32/int64 or None: sequence s writes state_out[state_out_index[s]]
+            instead (decode into another slot).
+        pad_slot: int or None: a sequence whose state_index is pad_slot reads and writes no state,
+            and its y is zeros (padded decode rows).
     Outputs (written by the backend):
-        y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32;
+        y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32
+            (or state_in's dtype for a decode state pool: stored rounded, computed in float32);
         captured: (ncapture, nheads, headdim, dstate) float32.
     """
 
@@ -67,6 +73,8 @@ class ScanProblem:
     y: torch.Tensor
     state_out: torch.Tensor
     captured: torch.Tensor
+    state_out_index: torch.Tensor | None = None
+    pad_slot: int | None = None
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
