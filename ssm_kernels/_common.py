@@ -187,6 +187,9 @@ def _capture_pairs(capture) -> list[tuple[int, int]]:
     return pairs
 
 
+NO_CAPTURES = CaptureTable(None, None, None, [])
+
+
 def make_capture_table(capture, seqs: Sequences, device: torch.device) -> CaptureTable:
     pairs = _capture_pairs(capture)
     for i, (s, k) in enumerate(pairs):
@@ -198,7 +201,7 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
             raise ValueError(f"capture offset {k} for sequence {s} is past its length {seqs.lengths[s]}")
     entries = sorted((s, k, row) for row, (s, k) in enumerate(pairs))
     if not entries:
-        return CaptureTable(None, None, None, [])
+        return NO_CAPTURES
     counts = [0] * (seqs.count + 1)
     for s, _, _ in entries:
         counts[s + 1] += 1
@@ -228,6 +231,64 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
     if len(set(slots)) != len(slots):
         raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
     return state_indices.to(device=device, dtype=torch.int64)
+
+
+def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int) -> None:
+    """The slots a decode batch reads (state_indices, default 0..batch-1) and writes
+    (dst_state_indices, default the same) in a pool of nslots: in range, or pad_slot_id in
+    state_indices for a padded row; no two live rows writing one slot, and no row writing a slot
+    that another live row reads (the rows run in parallel)."""
+    if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
+        raise TypeError(f"pad_slot_id must be an int or None, got {pad_slot_id!r}")
+    if state_indices is None:
+        if batch > nslots:
+            raise ValueError(f"without state_indices the batch ({batch}) must not exceed state's slots ({nslots})")
+        sources = list(range(batch))
+    else:
+        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+        sources = state_indices.tolist()
+    live = [b for b in range(batch) if sources[b] != pad_slot_id]
+    for b in live:
+        if not 0 <= sources[b] < nslots:
+            raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
+                             + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
+    if dst_state_indices is None:
+        targets = sources
+        name = "state_indices"
+    else:
+        check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
+        if state_indices is not None and dst_state_indices.device != state_indices.device:
+            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
+                             f"{state_indices.device}")
+        targets = dst_state_indices.tolist()
+        name = "dst_state_indices"
+        for b in live:
+            if not 0 <= targets[b] < nslots:
+                raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
+    written = [targets[b] for b in live]
+    if len(set(written)) != len(written):
+        raise ValueError(f"{name} must be distinct over the rows that are not padding: two rows updating one "
+                         "slot would race")
+    readers: dict[int, list[int]] = {}
+    for b in live:
+        readers.setdefault(sources[b], []).append(b)
+    for b in live:
+        other = [a for a in readers.get(targets[b], ()) if a != b]
+        if other:
+            raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is the slot row {other[0]} reads: the rows run in "
+                             "parallel, so the write would race with the read")
+
+
+def check_no_overlap(name: str, t: torch.Tensor) -> None:
+    """`t`'s elements must occupy distinct memory (an expanded or self-overlapping view would make
+    parallel writes race). Accepts any layout whose strides, sorted, each pass the extent of the
+    smaller ones (every non-overlapping strided layout PyTorch creates)."""
+    extent = 0
+    for stride, size in sorted((abs(st), sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= extent:
+            raise ValueError(f"{name} must not overlap itself in memory (strides {tuple(t.stride())} for shape "
+                             f"{tuple(t.shape)}): parallel writes to it would race")
+        extent += stride * (size - 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,17 @@ from triton.runtime.interpreter import InterpretedFunction
 
 
 @triton.jit
+def cast_for_store(v, dtype: tl.constexpr):
+    """fp32 `v` cast to `dtype`, to nearest even. Under the interpreter, whose fp32 -> bfloat16
+    cast truncates, bfloat16 is rounded by bit arithmetic first, as the GPU rounds."""
+    if _ROUND_BF16_BY_BITS and dtype == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        v = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+    return v.to(dtype)
+
+
+@triton.jit
 def softplus(v):
     """log1p(exp(v)), and v itself above 20 (as PyTorch's threshold). log1p(u) is computed as
     log(w) * u / (w - 1) with w = 1 + u, which keeps full precision for small u (Goldberg's
@@ -43,8 +54,11 @@ def sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN: tl.constexpr):
     return i_b, bos, length
 
 
+
+
 # Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.
 RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
+_ROUND_BF16_BY_BITS = tl.constexpr(RUNS_ON_CPU)  # read by cast_for_store when it compiles
 
 
 def strides_or_zeros(t, ndim: int) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ import torch
 from .._common import FLOAT_DTYPES, check_state_indices, check_tensor, make_sequences
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
+from ..scan.mamba2 import STATE_DTYPES
 
 NO_CLAMP = (-math.inf, math.inf)
 
@@ -228,7 +229,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     When A is one value per head and dt, dt_bias one per head (mamba_ssm's "tie_hdim" Mamba-2
     layout, found by value), this is :func:`ssm_kernels.selective_state_update`; otherwise
     (a Mamba-1 layout, A per channel and state) a one-token :func:`ssm_kernels.mamba1_scan`.
-    A state in float16/bfloat16 is updated through a float32 copy.
+    A float16/bfloat16 state is updated in place in the first case (float32 arithmetic, stored
+    rounded), through a float32 copy in the second.
 
     Returns:
         out, like x, in x's dtype.
@@ -263,8 +265,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     slots = check_state_indices(state_batch_indices, batch, state.shape[0], "state", state.device,
                                 name="state_batch_indices")
 
-    work = state if state.dtype == torch.float32 else state.float()
     tied = _constant_along(A, (1, 2)) and _constant_along(dt, (2,)) and _constant_along(dt_bias, (1,))
+    work = state if state.dtype == torch.float32 or (tied and state.dtype in STATE_DTYPES) else state.float()
     if tied:
         y = _state_update(work, x, dt[:, :, 0], A[:, 0, 0].contiguous(), B, C, D=D, z=z,
                           dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=bool(dt_softplus),

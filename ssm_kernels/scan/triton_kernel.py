@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import discretize_dt, ptr_or, sequence_span, strides_or_zeros
+from .._triton import cast_for_store, discretize_dt, ptr_or, sequence_span, strides_or_zeros
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -125,9 +125,9 @@ def _output(b_yn, b_x, b_z, b_D, p_y, m_p, HAS_D: tl.constexpr, HAS_Z: tl.conste
         b_y = b_y * b_z * tl.sigmoid(b_z)
     p_y = tl.reshape(p_y, [rows])
     if EVEN_P:
-        tl.store(p_y, b_y.to(p_y.dtype.element_ty))
+        tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty))
     else:
-        tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=tl.reshape(m_p, [rows]))
+        tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty), mask=tl.reshape(m_p, [rows]))
 
 
 @triton.jit
@@ -188,7 +188,7 @@ def _scan_kernel(
     HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_SLOT_OUT: tl.constexpr,
     HAS_PAD_SLOT: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
     R: tl.constexpr, J: tl.constexpr, PL: tl.constexpr, N1: tl.constexpr, EVEN_P: tl.constexpr, EVEN_N: tl.constexpr,
-    PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+    PAIRS: tl.constexpr, IS_BF16: tl.constexpr, OFFSETS_32: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -261,12 +261,14 @@ def _scan_kernel(
     else:
         state = tl.zeros([R, J, PL, N1], dtype=tl.float32)
 
-    done = length - length  # tokens consumed so far (int64)
+    if OFFSETS_32:  # token offsets t * stride fit in 32 bits: cheaper address arithmetic
+        length = length.to(tl.int32)
+    done = length - length  # tokens consumed so far
     if HAS_CAPTURE:
         c_lo = tl.load(cap_ptr_ptr + i_s)
         c_hi = tl.load(cap_ptr_ptr + i_s + 1)
         for c in range(c_lo, c_hi):
-            offset = tl.load(cap_offset_ptr + c)
+            offset = tl.load(cap_offset_ptr + c).to(length.dtype)
             state = _advance(state, done, offset, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
                              s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
                              b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_bc,
@@ -274,7 +276,7 @@ def _scan_kernel(
                              PAIRS, IS_BF16)
             row = tl.load(cap_row_ptr + c)
             p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
-            tl.store(p_cap, state.to(captured_ptr.dtype.element_ty), mask=m_pn)
+            tl.store(p_cap, state, mask=m_pn)
             done = offset
     state = _advance(state, done, length, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
                      s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
@@ -282,7 +284,7 @@ def _scan_kernel(
                      HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, EVEN_P, EVEN_N,
                              PAIRS, IS_BF16)
     p_out = state_out_ptr + i_out * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
-    tl.store(p_out, state.to(state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
+    tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
 
 
 def launch_config(headdim: int, dstate: int, input_bits: int) -> tuple[int, int, int, int, int]:
@@ -333,6 +335,14 @@ def _reads_pairs(B: torch.Tensor, C: torch.Tensor) -> bool:
                     for t in (B, C)))
 
 
+def _token_offsets_fit_32_bits(p: ScanProblem) -> bool:
+    """Whether t * (stride along time) fits in int32 for every token t of the pass and every
+    input read per token (the sequence starts are added in 64 bits)."""
+    seqlen, nheads = p.x.shape[1], p.x.shape[2]
+    strides = [t.stride(1) for t in (p.x, p.dt, p.B, p.C, p.y, p.z) if t is not None] + [2 * nheads]
+    return seqlen * max(abs(s) for s in strides) < 2 ** 31
+
+
 def run_triton(p: ScanProblem, *, dt_inline: bool = False) -> None:
     """Launch the kernel over (sequence, head, row block); writes p.y, p.state_out, p.captured.
 
@@ -366,5 +376,6 @@ def run_triton(p: ScanProblem, *, dt_inline: bool = False) -> None:
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
         R=r, J=j, PL=pl, N1=n1, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * n1,
         PAIRS=_reads_pairs(p.B, p.C), IS_BF16=p.B.dtype == torch.bfloat16,
+        OFFSETS_32=_token_offsets_fit_32_bits(p),
         num_warps=num_warps,
     )
