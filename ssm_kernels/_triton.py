@@ -10,11 +10,47 @@ from triton.runtime.interpreter import InterpretedFunction
 def cast_for_store(v, dtype: tl.constexpr):
     """fp32 `v` cast to `dtype`, to nearest even. Under the interpreter, whose fp32 -> bfloat16
     cast truncates, bfloat16 is rounded by bit arithmetic first, as the GPU rounds."""
-    if _ROUND_BF16_BY_BITS and dtype == tl.bfloat16:
+    if _INTERPRETED and dtype == tl.bfloat16:
         bits = v.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         v = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
     return v.to(dtype)
+
+
+@triton.jit
+def as_f32(v, PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
+    """A loaded tile in fp32. With PAIRS, `v` holds 32-bit words of two adjacent 16-bit elements
+    (bfloat16 with IS_BF16, else float16) along its last axis: unpacked by bit operations into a
+    last axis twice as long, in registers (one instruction per element for bfloat16, where 16-bit
+    loads convert less directly)."""
+    if PAIRS:
+        if IS_BF16:
+            lo = (v << 16).to(tl.float32, bitcast=True)
+            hi = ((v >> 16) << 16).to(tl.float32, bitcast=True)
+        else:
+            lo = (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        pairs = tl.join(lo, hi)
+        if len(v.shape) == 3:
+            out = tl.reshape(pairs, [v.shape[0], v.shape[1], 2 * v.shape[2]])
+        else:
+            out = tl.reshape(pairs, [v.shape[0], v.shape[1], v.shape[2], 2 * v.shape[3]])
+    else:
+        out = v.to(tl.float32)
+    return out
+
+
+@triton.jit
+def exp2_flush(v):
+    """2^v in fp32, results below 2^-126 flushed to zero: one MUFU.EX2 on the GPU (tl.exp2 adds a
+    range check and two multiplies per element to keep denormal results); tl.exp2 under the
+    interpreter."""
+    if _INTERPRETED:
+        out = tl.exp2(v)
+    else:
+        out = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    return out
 
 
 @triton.jit
@@ -58,7 +94,7 @@ def sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN: tl.constexpr):
 
 # Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.
 RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
-_ROUND_BF16_BY_BITS = tl.constexpr(RUNS_ON_CPU)  # read by cast_for_store when it compiles
+_INTERPRETED = tl.constexpr(RUNS_ON_CPU)  # read by the helpers above when they compile
 
 
 def strides_or_zeros(t, ndim: int) -> tuple[int, ...]:

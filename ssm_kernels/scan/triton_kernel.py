@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import cast_for_store, discretize_dt, ptr_or, sequence_span, strides_or_zeros
+from .._triton import as_f32, cast_for_store, discretize_dt, ptr_or, sequence_span, strides_or_zeros
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -79,24 +79,6 @@ def _load_token(t, m_row, m_col, live, p_x, p_dt, p_tab, p_B, p_C, p_z,
     b_B = _load(p_B + t * s_B_t, m_col)
     b_C = _load(p_C + t * s_C_t, m_col)
     return b_x, b_z, b_dt, b_dA, b_B, b_C
-
-
-@triton.jit
-def _as_f32(v, PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
-    """B or C columns in fp32. With PAIRS, `v` holds 32-bit words of two 16-bit columns each
-    [1, J, PL, N1 // 2]: unpacked by bit operations (one per column for bfloat16) into
-    [1, J, PL, N1], in registers; plain 16-bit loads would convert less directly."""
-    if PAIRS:
-        if IS_BF16:
-            lo = (v << 16).to(tl.float32, bitcast=True)
-            hi = ((v >> 16) << 16).to(tl.float32, bitcast=True)
-        else:
-            lo = (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-            hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        out = tl.reshape(tl.join(lo, hi), [v.shape[0], v.shape[1], v.shape[2], 2 * v.shape[3]])
-    else:
-        out = v.to(tl.float32)
-    return out
 
 
 @triton.jit
@@ -156,8 +138,8 @@ def _advance(state, t_lo, t_hi,
         elif not DT_TABLE:  # Mamba-2 decode: dt' and the decay of the head, as _dt_table_kernel
             b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
             b_dA = tl.exp(b_dt * b_A)
-        state = state * b_dA + (b_dt * b_x) * _as_f32(b_B, PAIRS, IS_BF16)
-        b_yn = state * _as_f32(b_C, PAIRS, IS_BF16)
+        state = state * b_dA + (b_dt * b_x) * as_f32(b_B, PAIRS, IS_BF16)
+        b_yn = state * as_f32(b_C, PAIRS, IS_BF16)
         nxt = _load_token(tl.minimum(t + 1, t_hi - 1), None if EVEN_P else m_p, None if EVEN_N else m_n, True,
                           p_x, p_dt, p_tab, p_B, p_C, p_z, s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t,
                           HAS_Z, A_PER_STATE, DT_TABLE)
@@ -227,7 +209,7 @@ def _scan_kernel(
     # ([1, J, PL, N1]: one copy per thread, broadcast over its R rows in registers).
     p_B = B_ptr + i_b * s_B_b + bos * s_B_t + i_g * s_B_g
     p_C = C_ptr + i_b * s_C_b + bos * s_C_t + i_g * s_C_g
-    if PAIRS:  # 16-bit B and C read as 32-bit words of two columns (see _as_f32)
+    if PAIRS:  # 16-bit B and C read as 32-bit words of two columns (see as_f32)
         o_w = tl.arange(0, J)[None, :, None, None] * (N1 // 2) + tl.arange(0, N1 // 2)[None, None, None, :]
         p_B = p_B.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
         p_C = p_C.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0

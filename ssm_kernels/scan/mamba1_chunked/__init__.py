@@ -1,0 +1,105 @@
+"""The Mamba-1 scan parallel in time: mamba1_scan(..., algorithm="chunked").
+
+Algorithms of mamba1_scan:
+- "recurrent" (the default): one token at a time, exact at any split, batching and captures.
+- "chunked": chunks of `chunk_size` tokens at the multiples of chunk_size of absolute positions
+  (each sequence's first token at start_positions[s], default 0), a parallel (associative) scan
+  inside each chunk, the state carried from chunk to chunk; the work of a sequence is spread
+  over time as well as channels. A pass that starts at a grid point (from the state there: a
+  captured or final state of an earlier pass) computes every chunk as one longer pass does, so
+  its y, final and captured states are bit-identical to that pass's, on each backend; batching
+  and captures at any offset never change a bit. A pass that starts off the grid agrees with the
+  longer pass to rounding. Accuracy against float64 as the recurrent path's: the chunk's
+  products are reassociated, not approximated.
+- "auto": "recurrent" for CPU tensors; on CUDA "chunked" when the longest sequence of the pass
+  has at least AUTO_CHUNKED_MIN_TOKENS tokens.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ..._common import Sequences
+from ..problem import ScanProblem
+from .torch_kernel import run_torch
+from .triton_kernel import run_triton
+
+ALGORITHMS = ("recurrent", "chunked", "auto")
+DEFAULT_CHUNK_SIZE = 64
+MAX_CHUNK_SIZE = 256
+# "auto" takes the chunked path on CUDA from this many tokens in the longest sequence: the
+# recurrent kernel has one warp walk every token of a few channels; below one chunk the chunked
+# kernel only adds work.
+AUTO_CHUNKED_MIN_TOKENS = DEFAULT_CHUNK_SIZE
+
+
+def check_chunk_size(chunk_size) -> int:
+    """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
+    if chunk_size is None:
+        return DEFAULT_CHUNK_SIZE
+    if isinstance(chunk_size, bool):
+        raise TypeError(f"chunk_size must be an int, got {chunk_size!r}")
+    try:
+        size = operator.index(chunk_size)
+    except TypeError:
+        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
+    if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
+        raise ValueError(f"chunk_size must be a power of two from 16 to {MAX_CHUNK_SIZE}, got {size}")
+    return size
+
+
+def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
+    """Validate `algorithm` and resolve "auto" (see the module doc)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm != "auto":
+        return algorithm
+    longest = max(seqs.lengths, default=0)
+    return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
+
+
+def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
+    """None -> zeros; otherwise one int >= 0 per sequence (a sequence of ints or a 1-D int tensor)."""
+    if start_positions is None:
+        return [0] * seqs.count
+    if isinstance(start_positions, torch.Tensor):
+        if start_positions.dtype.is_floating_point or start_positions.dtype.is_complex \
+                or start_positions.dtype == torch.bool or start_positions.ndim != 1:
+            raise TypeError(f"start_positions must be a 1-D integer tensor, got dtype {start_positions.dtype} "
+                            f"and shape {tuple(start_positions.shape)}")
+        values = start_positions.tolist()
+    else:
+        try:
+            values = list(start_positions)
+        except TypeError:
+            raise TypeError(f"start_positions must be a sequence of ints, one per sequence, got "
+                            f"{type(start_positions).__name__}") from None
+    if len(values) != seqs.count:
+        raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
+    positions = []
+    for s, value in enumerate(values):
+        if isinstance(value, bool):
+            raise TypeError(f"start_positions[{s}] must be an int, got {value!r}")
+        try:
+            position = operator.index(value)
+        except TypeError:
+            raise TypeError(f"start_positions[{s}] must be an int, got {type(value).__name__}") from None
+        if position < 0:
+            raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
+        positions.append(position)
+    return positions
+
+
+def run(problem: ScanProblem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
+    """Run a validated mamba1_scan problem with the chunked algorithm on a resolved backend."""
+    if backend == "triton":
+        phases = [p % chunk_size for p in start_positions]
+        phases = None if not any(phases) else torch.tensor(phases, dtype=torch.int64, device=problem.x.device)
+        run_triton(problem, chunk_size, phases)
+    else:
+        run_torch(problem, chunk_size, start_positions)
+
+
+__all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "check_chunk_size",
+           "check_start_positions", "resolve_algorithm", "run"]
