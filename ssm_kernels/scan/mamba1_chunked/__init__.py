@@ -93,12 +93,7 @@ def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
 
 def run(problem: ScanProblem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
     """Run a validated mamba1_scan problem with the chunked algorithm on a resolved backend."""
-    if backend == "triton":
-        phases = [p % chunk_size for p in start_positions]
-        phases = None if not any(phases) else torch.tensor(phases, dtype=torch.int64, device=problem.x.device)
-        run_triton(problem, chunk_size, phases)
-    else:
-        run_torch(problem, chunk_size, start_positions)
+    (run_triton if backend == "triton" else run_torch)(problem, chunk_size, start_positions)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "check_chunk_size",

@@ -19,8 +19,8 @@ from ..torch_kernel import discretize_dt
 
 
 def _scan(a, b):
-    """Inclusive scan of the pairs (a, b) along the last axis: the (A_t, B_t) with
-    h_t = A_t h_0 + B_t."""
+    """Inclusive scan of the pairs (a, b) along the last axis under (a1, b1) then (a2, b2) =
+    (a1 a2, a2 b1 + b2): with the start state folded into b_0, the second output is h_t."""
     step = 1
     while step < a.shape[-1]:
         a, b = (torch.cat([a[..., :step], a[..., :-step] * a[..., step:]], -1),
@@ -54,8 +54,9 @@ def run_torch(p: ScanProblem, chunk: int, positions: list[int]) -> None:
             dt = torch.where(valid, dt, 0.0)  # outside the pass: the identity (a = 1, b = 0)
             Bc, Cc = take(p.B).unsqueeze(1), take(p.C).unsqueeze(1)  # (G, 1, N, chunk)
             a = torch.exp2(dt.unsqueeze(2) * A2.unsqueeze(-1))  # (G, P, N, chunk)
-            pa, pb = _scan(a, (dt * x).unsqueeze(2) * Bc)
-            h = pa * h0.unsqueeze(-1) + pb
+            b_ = (dt * x).unsqueeze(2) * Bc
+            b_[..., 0] += a[..., 0] * h0  # the start state enters at the chunk's position 0
+            _, h = _scan(a, b_)
             y = (h * Cc).sum(2)
             if D is not None:
                 y = y + D * x
