@@ -73,7 +73,7 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
 
     Returns:
-        ConvResult(out: like x in x's dtype, final_states: (nseq, dim, width - 1),
+        ConvResult(out: like x in x's dtype (channels contiguous if x's are), final_states: (nseq, dim, width - 1),
         captured_states: (ncapture, dim, width - 1), both in x's dtype).
 
     Exact: a sequence gives bit-identical outputs and states however it is split into passes
@@ -88,7 +88,10 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
     captures = make_capture_table(capture, seqs, device)
     backend = resolve_backend(backend, device)
 
-    out = new_output(*x.shape, dtype=x.dtype, device=device)
+    if x.stride(1) == 1 and x.stride(2) != 1:  # channels contiguous: out too, so its stores vectorize
+        out = new_output(x.shape[0], x.shape[2], dim, dtype=x.dtype, device=device).transpose(1, 2)
+    else:
+        out = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, dim, width - 1, dtype=x.dtype, device=device)
     captured = new_output(captures.count, dim, width - 1, dtype=x.dtype, device=device)
     _run(ConvProblem(x=x, weight=weight, bias=bias, silu=silu, state_in=initial_states, seqs=seqs,
