@@ -20,7 +20,7 @@ def cast_for_store(v, dtype: tl.constexpr):
 @triton.jit
 def as_f32(v, PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
     """A loaded tile in fp32. With PAIRS, `v` holds 32-bit words of two adjacent 16-bit elements
-    (bfloat16 with IS_BF16, else float16) along its last axis: unpacked by bit operations into a
+    (bfloat16 with IS_BF16, else float16) along its last axis (rank 3 or 5): unpacked by bit operations into a
     last axis twice as long, in registers (one instruction per element for bfloat16, where 16-bit
     loads convert less directly)."""
     if PAIRS:
@@ -34,7 +34,7 @@ def as_f32(v, PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
         if len(v.shape) == 3:
             out = tl.reshape(pairs, [v.shape[0], v.shape[1], 2 * v.shape[2]])
         else:
-            out = tl.reshape(pairs, [v.shape[0], v.shape[1], v.shape[2], 2 * v.shape[3]])
+            out = tl.reshape(pairs, [v.shape[0], v.shape[1], v.shape[2], v.shape[3], 2 * v.shape[4]])
     else:
         out = v.to(tl.float32)
     return out

@@ -57,16 +57,41 @@ def _dt_table_kernel(dt_ptr, A_ptr, dt_bias_ptr, table_ptr, seqlen, nheads, dt_m
 
 
 @triton.jit
+def _load(p, mask):
+    """tl.load with a mask, or none when `mask` is None (a full tile: no predicates)."""
+    if mask is None:
+        v = tl.load(p)
+    else:
+        v = tl.load(p, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def _rows(v, ROW_PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
+    """Per-row values [R, 1, PL, 1, 1] in fp32. With ROW_PAIRS (R == 2), `v` [1, 1, PL, 1, 1]
+    holds 32-bit words of a thread's two adjacent 16-bit rows: a load of 4 bytes, which the
+    software pipeline can issue asynchronously (a 2-byte load cannot)."""
+    if ROW_PAIRS:
+        pair = tl.reshape(as_f32(tl.reshape(v, [v.shape[2], 1, 1]), True, IS_BF16), [v.shape[2], 2])
+        out = tl.reshape(tl.permute(pair, (1, 0)), [2, 1, v.shape[2], 1, 1])
+    else:
+        out = v.to(tl.float32)
+    return out
+
+
+@triton.jit
 def _load_token(t, m_row, m_col, live, p_x, p_dt, p_tab, p_B, p_C, p_z,
                 s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t,
-                HAS_Z: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr):
-    """Token t's inputs: x, z [1, BP, 1] in their dtype, dt (a scalar for Mamba-2, the table's
-    (dt', exp(dt' A)) pair with DT_TABLE, [1, BP, 1] for Mamba-1) and B, C [J, 1, N1].
-    m_row, m_col mask rows and columns (None: all valid); scalars are read where `live`."""
-    b_x = _load(p_x + t * s_x_t, m_row)
+                HAS_Z: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
+                ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr):
+    """Token t's inputs: x, z [R, 1, PL, 1, 1] in their dtype, dt (a scalar for Mamba-2, the
+    table's (dt', exp(dt' A)) pair with DT_TABLE, per row for Mamba-1) and B, C [1, J, PL, L, V]
+    (or their 32-bit words). m_row, m_col mask rows and columns (None: all valid); scalars are
+    read where `live`."""
+    b_x = _rows(_load(p_x + t * s_x_t, m_row), ROW_PAIRS, IS_BF16_X)
     b_z = b_x
     if HAS_Z:
-        b_z = _load(p_z + t * s_z_t, m_row)
+        b_z = _rows(_load(p_z + t * s_z_t, m_row), ROW_PAIRS, IS_BF16_X)
     if A_PER_STATE:
         b_dt = _load(p_dt + t * s_dt_t, m_row)
         b_dA = b_dt
@@ -82,68 +107,59 @@ def _load_token(t, m_row, m_col, live, p_x, p_dt, p_tab, p_B, p_C, p_z,
 
 
 @triton.jit
-def _load(p, mask):
-    """tl.load with a mask, or none when `mask` is None (a full tile: no predicates)."""
-    if mask is None:
-        v = tl.load(p)
-    else:
-        v = tl.load(p, mask=mask, other=0.0)
-    return v
-
-
-@triton.jit
-def _output(b_yn, b_x, b_z, b_D, p_y, m_p, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, EVEN_P: tl.constexpr):
-    """Store y = sum over columns of b_yn (state * C) [R, J, PL, N1] + D x, gated by silu(z).
-
-    The sum runs in-thread over the J runs first, then over N1 (a thread's run, then its row's
-    lanes). The rest works on the rows as a 1-D block, which Triton spreads over the lanes, so
-    it runs once per row rather than once per row and lane of the row's group."""
-    rows: tl.constexpr = b_yn.shape[0] * b_yn.shape[2]
-    b_y = tl.reshape(tl.sum(tl.sum(b_yn, axis=1, keep_dims=True), axis=3, keep_dims=True), [rows])
+def _finish(b_yp, b_x, b_z, b_D, p_y, m_y, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Store one token's y: the lanes' partial sums b_yp [R, 1, PL, L, 1] summed over the row's
+    lanes, + D x, gated by silu(z), where m_y [R * PL]. After the lane sum the rows are a 1-D
+    block, which Triton spreads over the lanes: the rest runs once per row, not once per lane."""
+    rows: tl.constexpr = b_yp.shape[0] * b_yp.shape[2]
+    b_y = tl.reshape(tl.sum(b_yp, axis=3), [rows])
     if HAS_D:
-        b_y += tl.reshape(b_D, [rows]) * tl.reshape(b_x, [rows])
+        b_y += tl.reshape(b_D, [rows]) * tl.reshape(b_x, [rows]).to(tl.float32)
     if HAS_Z:
         b_z = tl.reshape(b_z, [rows]).to(tl.float32)
         b_y = b_y * b_z * tl.sigmoid(b_z)
     p_y = tl.reshape(p_y, [rows])
-    if EVEN_P:
-        tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty))
-    else:
-        tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty), mask=tl.reshape(m_p, [rows]))
+    tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty), mask=m_y)
 
 
 @triton.jit
 def _advance(state, t_lo, t_hi,
              p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
              s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t, s_y_t,
-             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
+             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n, m_rows,
              HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
              DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
-             EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
+             EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+             ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr, STAGES: tl.constexpr):
     """Consume tokens [t_lo, t_hi) of the tile's sequence; return the state after them.
 
-    Token t + 1's inputs are loaded right after the last use of token t's B and C, before its
-    reduction and output (register rotation: the loads overlap that work and need no register
-    copies). The last iteration reloads token t_hi - 1 rather than masking the load."""
+    Memory latency stays off the sequential chain: Triton's software pipeline (STAGES) loads the
+    inputs of the next tokens asynchronously (cp.async into shared memory) while a token is
+    computed; 16-bit rows are read in pairs so that every load is one it can issue that way.
+    Token t's sum over its row's lanes and its output run in the next iteration, beside token
+    t + 1's update. m_rows [R * PL] masks rows of the 1-D output block."""
     some = t_lo < t_hi
-    nxt = _load_token(t_lo, tl.where(some, m_p, False), tl.where(some, m_n, False), some,
-                      p_x, p_dt, p_tab, p_B, p_C, p_z, s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t,
-                      HAS_Z, A_PER_STATE, DT_TABLE)
-    for t in range(t_lo, t_hi):
-        b_x, b_z, b_dt, b_dA, b_B, b_C = nxt
-        b_x = b_x.to(tl.float32)
+    # The previous token's lane partials, x and z (nothing before t_lo: its store is masked).
+    b_yp = tl.zeros([state.shape[0], 1, state.shape[2], state.shape[3], 1], dtype=tl.float32)
+    prev_x = tl.zeros([state.shape[0], 1, state.shape[2], 1, 1], dtype=tl.float32)
+    prev_z = prev_x
+    for t in tl.range(t_lo, t_hi, num_stages=STAGES):
+        b_x, b_z, b_dt, b_dA, b_B, b_C = _load_token(
+            t, None if EVEN_P else m_p, None if EVEN_N else m_n, True, p_x, p_dt, p_tab, p_B, p_C, p_z,
+            s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t, HAS_Z, A_PER_STATE, DT_TABLE, ROW_PAIRS, IS_BF16_X)
+        b_xf = b_x
         if A_PER_STATE:  # Mamba-1: dt' per row, a decay per state entry
             b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
-            b_dA = tl.exp(b_dt * b_A)  # [R, J, PL, N1]
+            b_dA = tl.exp(b_dt * b_A)  # [R, J, PL, L, V]
         elif not DT_TABLE:  # Mamba-2 decode: dt' and the decay of the head, as _dt_table_kernel
             b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
             b_dA = tl.exp(b_dt * b_A)
-        state = state * b_dA + (b_dt * b_x) * as_f32(b_B, PAIRS, IS_BF16)
-        b_yn = state * as_f32(b_C, PAIRS, IS_BF16)
-        nxt = _load_token(tl.minimum(t + 1, t_hi - 1), None if EVEN_P else m_p, None if EVEN_N else m_n, True,
-                          p_x, p_dt, p_tab, p_B, p_C, p_z, s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t,
-                          HAS_Z, A_PER_STATE, DT_TABLE)
-        _output(b_yn, b_x, b_z, b_D, p_y + t * s_y_t, m_p, HAS_D, HAS_Z, EVEN_P)
+        state = state * b_dA + (b_dt * b_xf) * as_f32(b_B, PAIRS, IS_BF16)
+        # y's sum over the state columns, in-thread part: the J runs, then the thread's run.
+        b_yp_t = tl.sum(tl.sum(state * as_f32(b_C, PAIRS, IS_BF16), axis=1, keep_dims=True), axis=4, keep_dims=True)
+        _finish(b_yp, prev_x, prev_z, b_D, p_y + (t - 1) * s_y_t, tl.where(t > t_lo, m_rows, False), HAS_D, HAS_Z)
+        b_yp, prev_x, prev_z = b_yp_t, b_x, b_z
+    _finish(b_yp, prev_x, prev_z, b_D, p_y + (t_hi - 1) * s_y_t, tl.where(some, m_rows, False), HAS_D, HAS_Z)
     return state
 
 
@@ -169,8 +185,9 @@ def _scan_kernel(
     DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_SLOT_OUT: tl.constexpr,
     HAS_PAD_SLOT: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
-    R: tl.constexpr, J: tl.constexpr, PL: tl.constexpr, N1: tl.constexpr, EVEN_P: tl.constexpr, EVEN_N: tl.constexpr,
-    PAIRS: tl.constexpr, IS_BF16: tl.constexpr, OFFSETS_32: tl.constexpr,
+    R: tl.constexpr, J: tl.constexpr, PL: tl.constexpr, L: tl.constexpr, V: tl.constexpr,
+    EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+    OFFSETS_32: tl.constexpr, ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -189,28 +206,43 @@ def _scan_kernel(
         live = i_in != pad_slot
         length = tl.where(live, length, 0)
 
-    # Rows o_p = r * PL + l [R, 1, PL, 1] and state columns o_n = j * N1 + i [1, J, 1, N1].
-    o_l = tl.arange(0, PL)[None, None, :, None]
-    o_p = i_p * (R * PL) + tl.arange(0, R)[:, None, None, None] * PL + o_l
-    o_n = tl.arange(0, J)[None, :, None, None] * N1 + tl.arange(0, N1)[None, None, None, :]
+    # The tile [R, J, PL, L, V]: rows o_p = l_p * R + r, state columns o_n = (j * L + l) * V + v
+    # (lanes hold PL rows x L column runs; a thread R rows x J runs of V columns).
+    o_l = tl.arange(0, PL)[None, None, :, None, None]
+    o_p = i_p * (R * PL) + o_l * R + tl.arange(0, R)[:, None, None, None, None]
+    o_n = (tl.arange(0, J)[None, :, None, None, None] * L + tl.arange(0, L)[None, None, None, :, None]) * V \
+        + tl.arange(0, V)[None, None, None, None, :]
     m_p = o_p < headdim
     m_n = o_n < dstate
     m_pn = m_p & m_n
+    m_rows = tl.reshape(m_p, [R * PL])
 
     # Pointers to token 0 of this tile's sequence; _advance adds t * stride.
-    p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h + o_p * s_x_p
-    p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_h * s_z_h + o_p * s_z_p
+    p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h
+    p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_h * s_z_h
+    if ROW_PAIRS:  # a thread's two rows as one 32-bit word (see _rows)
+        o_pair = (i_p * (R * PL) + o_l * R) // 2  # [1, 1, PL, 1, 1]
+        p_x = p_x.to(tl.pointer_type(tl.uint32)) + o_pair
+        p_z = p_z.to(tl.pointer_type(tl.uint32)) + o_pair
+        m_x = (i_p * (R * PL) + o_l * R) < headdim
+        s_x_t = s_x_t // 2
+        s_z_t = s_z_t // 2
+    else:
+        p_x += o_p * s_x_p
+        p_z += o_p * s_z_p
+        m_x = m_p
     p_y = y_ptr + i_b * s_y_b + bos * s_y_t + i_h * s_y_h + o_p * s_y_p
     p_dt = dt_ptr + i_b * s_dt_b + bos * s_dt_t + i_h * s_dt_h
     if A_PER_STATE:
         p_dt += o_p * s_dt_p
     p_tab = table_ptr + ((i_b * seqlen + bos) * nheads + i_h) * 2
     # B and C pointers span the lanes' rows with stride 0, so the loads take the state's layout
-    # ([1, J, PL, N1]: one copy per thread, broadcast over its R rows in registers).
+    # ([1, J, PL, L, V]: one copy per thread, broadcast over its R rows in registers).
     p_B = B_ptr + i_b * s_B_b + bos * s_B_t + i_g * s_B_g
     p_C = C_ptr + i_b * s_C_b + bos * s_C_t + i_g * s_C_g
     if PAIRS:  # 16-bit B and C read as 32-bit words of two columns (see as_f32)
-        o_w = tl.arange(0, J)[None, :, None, None] * (N1 // 2) + tl.arange(0, N1 // 2)[None, None, None, :]
+        o_w = (tl.arange(0, J)[None, :, None, None, None] * L + tl.arange(0, L)[None, None, None, :, None]) \
+            * (V // 2) + tl.arange(0, V // 2)[None, None, None, None, :]
         p_B = p_B.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
         p_C = p_C.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
         m_bc = o_w * 2 < dstate
@@ -225,73 +257,75 @@ def _scan_kernel(
         b_A = tl.load(A_ptr + i_h * s_A_h + o_p * s_A_p + o_n * s_A_n, mask=m_pn, other=0.0).to(tl.float32)
     else:
         b_A = tl.load(A_ptr + i_h * s_A_h).to(tl.float32)
-    b_D = tl.zeros([R, 1, PL, 1], dtype=tl.float32)
+    b_D = tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32)
     if HAS_D:
         b_D = tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)
-    b_dt_bias = tl.zeros([R, 1, PL, 1], dtype=tl.float32)
+    b_dt_bias = tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32)
     if HAS_DT_BIAS:
         if A_PER_STATE:
             b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h + o_p * s_bias_p, mask=m_p, other=0.0).to(tl.float32)
         else:
             b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
     if HAS_PAD_SLOT:
-        tl.store(p_y, tl.zeros([R, 1, PL, 1], dtype=tl.float32).to(y_ptr.dtype.element_ty), mask=tl.where(live, False, m_p))
+        tl.store(p_y, tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32).to(y_ptr.dtype.element_ty),
+                 mask=tl.where(live, False, m_p))
 
     if HAS_INITIAL_STATE:
         p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
         state = tl.load(p_in, mask=tl.where(live, m_pn, False), other=0.0).to(tl.float32)
     else:
-        state = tl.zeros([R, J, PL, N1], dtype=tl.float32)
+        state = tl.zeros([R, J, PL, L, V], dtype=tl.float32)
 
     if OFFSETS_32:  # token offsets t * stride fit in 32 bits: cheaper address arithmetic
         length = length.to(tl.int32)
-    done = length - length  # tokens consumed so far
+    # The pass as segments ending at its captures (sorted by offset), then at its end: one token
+    # loop in the code, whatever is captured.
+    c_lo = 0
+    n_cap = 0
     if HAS_CAPTURE:
         c_lo = tl.load(cap_ptr_ptr + i_s)
-        c_hi = tl.load(cap_ptr_ptr + i_s + 1)
-        for c in range(c_lo, c_hi):
-            offset = tl.load(cap_offset_ptr + c).to(length.dtype)
-            state = _advance(state, done, offset, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
-                             s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
-                             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_bc,
-                             HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, EVEN_P, EVEN_N,
-                             PAIRS, IS_BF16)
-            row = tl.load(cap_row_ptr + c)
+        n_cap = tl.load(cap_ptr_ptr + i_s + 1) - c_lo
+    done = length - length  # tokens consumed so far
+    for c in range(0, n_cap + 1):
+        end = length
+        if HAS_CAPTURE:
+            end = tl.load(cap_offset_ptr + c_lo + c, mask=c < n_cap, other=length).to(length.dtype)
+        state = _advance(state, done, end, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
+                         s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
+                         b_A, b_D, b_dt_bias, dt_min, dt_max, m_x, m_bc, m_rows,
+                         HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, EVEN_P, EVEN_N,
+                         PAIRS, IS_BF16, ROW_PAIRS, IS_BF16_X, 3)
+        if HAS_CAPTURE:
+            row = tl.load(cap_row_ptr + c_lo + c, mask=c < n_cap, other=0)
             p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
-            tl.store(p_cap, state, mask=m_pn)
-            done = offset
-    state = _advance(state, done, length, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
-                     s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
-                     b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_bc,
-                     HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, EVEN_P, EVEN_N,
-                             PAIRS, IS_BF16)
+            tl.store(p_cap, state, mask=tl.where(c < n_cap, m_pn, False))
+        done = end
     p_out = state_out_ptr + i_out * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
     tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
 
 
-def launch_config(headdim: int, dstate: int, input_bits: int) -> tuple[int, int, int, int, int]:
-    """(R, J, PL, N1, num_warps) for the model dimensions and the bits of B and C's dtype: tiles
-    of R * PL rows x J * N1 state columns.
+def launch_config(headdim: int, dstate: int, input_bits: int) -> tuple[int, int, int, int, int, int]:
+    """(R, J, PL, L, V, num_warps) for the model dimensions and the bits of B and C's dtype: tiles
+    of R * PL rows x J * L * V state columns.
 
-    Each thread owns R rows and ROW_RUN state columns of each (J runs of 128 bits of B and C,
-    loaded once and shared by its rows), so next_power_of_2(dstate) / ROW_RUN lanes share a
-    row, PL = 32 / that many rows sit side by side in a warp, and each thread repeats them R
-    times. One warp per program: the per-token reduction over dstate stays inside the warp (no
-    barrier in the token loop), and a layer's tiles are all resident at once: the recurrence is
-    sequential, so a second wave of programs would double a pass.
+    A thread owns R rows and ROW_RUN state columns of each: J runs of V columns, V being a
+    128-bit load of B and C (loaded once, shared by its rows). L = next_power_of_2(dstate) /
+    ROW_RUN lanes share a row, so the sum over a row's columns is in registers, then log2(L)
+    shuffles; PL = 32 / L rows sit side by side in the warp. One warp per program: the per-token
+    reduction stays inside the warp (no barrier in the token loop), and a layer's tiles are all
+    resident at once: the recurrence is sequential, so a second wave would double a pass.
     """
     block_n = triton.next_power_of_2(dstate)
-    vector = 128 // input_bits  # elements of B and C in one 128-bit load
+    v = min(128 // input_bits, ROW_RUN, block_n)  # elements of B and C in one 128-bit load
     run = min(ROW_RUN, block_n)
     lanes = block_n // run
-    n1 = min(vector, run) * lanes
     pl = min(triton.next_power_of_2(headdim), max(1, 32 // lanes))
     r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD)
-    return r, block_n // n1, pl, n1, 1
+    return r, run // v, pl, lanes, v, 1
 
 
 ROW_RUN = 16
-ROWS_PER_THREAD = 4
+ROWS_PER_THREAD = 2
 DT_TABLE_BLOCK_T = 32
 
 
@@ -310,11 +344,12 @@ def dt_table(p: ScanProblem) -> torch.Tensor:
     return table
 
 
-def _reads_pairs(B: torch.Tensor, C: torch.Tensor) -> bool:
-    """Whether 16-bit B and C can be read as 32-bit words of two adjacent state columns."""
-    return (B.dtype == C.dtype and B.element_size() == 2 and B.shape[-1] % 2 == 0
-            and all(t.stride(-1) == 1 and t.data_ptr() % 4 == 0 and all(s % 2 == 0 for s in t.stride()[:-1])
-                    for t in (B, C)))
+def _reads_pairs(a: torch.Tensor, b: torch.Tensor, dim: int = 3) -> bool:
+    """Whether 16-bit a and b (same dtype) can be read as 32-bit words of two elements adjacent
+    along `dim` (B and C's state columns, or x and z's rows)."""
+    return (a.dtype == b.dtype and a.element_size() == 2 and a.shape[dim] % 2 == 0
+            and all(t.stride(dim) == 1 and t.data_ptr() % 4 == 0
+                    and all(s % 2 == 0 for d, s in enumerate(t.stride()) if d != dim) for t in (a, b)))
 
 
 def _token_offsets_fit_32_bits(p: ScanProblem) -> bool:
@@ -334,7 +369,7 @@ def run_triton(p: ScanProblem, *, dt_inline: bool = False) -> None:
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
-    r, j, pl, n1, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8)
+    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8)
     block_p = r * pl
     use_table = not p.a_per_state and not dt_inline
     table = dt_table(p) if use_table else None
@@ -356,8 +391,10 @@ def run_triton(p: ScanProblem, *, dt_inline: bool = False) -> None:
         HAS_INITIAL_STATE=p.state_in is not None, HAS_SLOT_IN=p.state_index is not None,
         HAS_SLOT_OUT=p.state_out_index is not None, HAS_PAD_SLOT=p.pad_slot is not None,
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
-        R=r, J=j, PL=pl, N1=n1, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * n1,
+        R=r, J=j, PL=pl, L=lanes, V=v, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * lanes * v,
         PAIRS=_reads_pairs(p.B, p.C), IS_BF16=p.B.dtype == torch.bfloat16,
+        ROW_PAIRS=r == 2 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
+        IS_BF16_X=p.x.dtype == torch.bfloat16,
         OFFSETS_32=_token_offsets_fit_32_bits(p),
         num_warps=num_warps,
     )
