@@ -55,13 +55,23 @@ def exp2_flush(v):
 
 @triton.jit
 def softplus(v):
-    """log1p(exp(v)), and v itself above 20 (as PyTorch's threshold). log1p(u) is computed as
-    log(w) * u / (w - 1) with w = 1 + u, which keeps full precision for small u (Goldberg's
-    trick; tl has no portable log1p)."""
-    u = tl.exp(tl.minimum(v, 20.0))
-    w = 1.0 + u
-    log1p_u = tl.where(w == 1.0, u, tl.log(w) * u / tl.where(w == 1.0, 1.0, w - 1.0))
-    return tl.where(v <= 20.0, log1p_u, v)
+    """log(1 + exp(v)) in fp32, as max(v, 0) + log1p(e) with e = exp(-|v|) in (0, 1] and log1p on
+    [0, 1] a degree-10 polynomial e * P(e) (Chebyshev fit, relative error below 2e-7 in fp32):
+    one MUFU and a dozen FMAs where a libdevice log costs three times as many instructions.
+    Above 20 the sum rounds to v itself (PyTorch's threshold); below about -87, e flushes to
+    zero and so does the result (the true value is below 2^-126)."""
+    e = exp2_flush(-tl.abs(v) * 1.4426950408889634)
+    p = -0.003214113414287567
+    p = p * e + 0.019649622961878777
+    p = p * e - 0.05643612518906593
+    p = p * e + 0.10533368587493896
+    p = p * e - 0.15251556038856506
+    p = p * e + 0.19651539623737335
+    p = p * e - 0.24947820603847504
+    p = p * e + 0.3332909941673279
+    p = p * e - 0.4999985098838806
+    p = p * e + 1.0
+    return tl.maximum(v, 0.0) + e * p
 
 
 @triton.jit

@@ -142,7 +142,8 @@ def _mamba1_chunk_kernel(
             tl.store(p_cap + o_n2 * s_cap_n, h0, mask=m_n2)
             c += 1
 
-    for k in range(0, tl.where(length > 0, tl.cdiv(phase + length, CHUNK), 0)):
+    # Triton's software pipeline loads the next chunks' inputs while one is computed.
+    for k in tl.range(0, tl.where(length > 0, tl.cdiv(phase + length, CHUNK), 0), num_stages=3):
         lo = k * CHUNK - phase  # the sequence offset of the chunk's position 0
         o_seq = lo + o_c  # [CHUNK]
         m_c = (o_seq >= 0) & (o_seq < length)
