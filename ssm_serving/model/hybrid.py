@@ -2,8 +2,8 @@
 MLP, with pre-norm residuals, seeded random weights, and per-pass state capture.
 
 Every op runs so that a token's result never depends on the pass it is in (the Mamba layers on
-the exact recurrent kernels, everything else one token at a time; see layers.common and
-model.blocks). A prefill split into any passes, resumed from any captured snapshot, therefore
+the exact recurrent kernels with exact=True, projections and norms as batch-invariant row ops;
+see ssm_kernels.layers.rows and model.blocks). A prefill split into any passes, resumed from any captured snapshot, therefore
 gives bit-identical logits to one cold pass.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
-from ssm_kernels.layers import Mamba2Mixer, Snapshot, per_token
+from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
 
 from .blocks import MLP, Attention, KVCache, RMSNorm
 
@@ -97,7 +97,8 @@ class _Block(nn.Module):
         else:
             self.mixer = Mamba2Mixer(config.hidden_size, config.mamba_heads, config.mamba_head_dim,
                                      config.state_size, config.n_groups, config.conv_kernel,
-                                     layer_norm_epsilon=config.eps, backend=backend, dtype=config.dtype)
+                                     layer_norm_epsilon=config.eps, exact=True, backend=backend,
+                                     dtype=config.dtype)
         self.norm2 = RMSNorm(config.hidden_size, config.eps, dtype=config.dtype)
         self.mlp = MLP(config.hidden_size, config.mlp_size, dtype=config.dtype)
 
@@ -199,7 +200,7 @@ class HybridLM(nn.Module):
         if logits == "last":
             h = h[-1:]
         if logits != "none":
-            out = per_token(self.lm_head, self.norm(h))
+            out = exact_linear(self.lm_head, self.norm(h))
         snapshots = [ModelSnapshot(state.position - ids.numel() + k, tuple(layer[j] for layer in captured))
                      for j, (_, k) in enumerate(capture)]
         return PassOutput(out, state, snapshots)
