@@ -7,7 +7,7 @@ as plain batched ops: faster, and equal to the exact path to rounding only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple, Sequence
 
 import torch
@@ -17,8 +17,22 @@ from .._common import FLOAT_DTYPES, check_inplace_target, check_tensor, make_cap
 from .rows import exact_linear, exact_rowwise
 
 
-@dataclass(frozen=True, eq=False)
-class Snapshot:
+def _short(value) -> str:
+    """A tensor as its shape and dtype (a repr, not the data); anything else as its repr."""
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    return repr(value)
+
+
+class ShortRepr:
+    """A dataclass repr that shows tensors by shape and dtype: a snapshot holds megabytes."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f.name}={_short(getattr(self, f.name))}' for f in fields(self))})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Snapshot(ShortRepr):
     """A mixer layer's state at an absolute position: what a prefix cache stores and restores.
 
     position: the state is the one after tokens [0, position) of the sequence.
@@ -36,8 +50,8 @@ class Snapshot:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
 
 
-@dataclass
-class LayerState:
+@dataclass(repr=False)
+class LayerState(ShortRepr):
     """The running state of a mixer layer for nseq sequences.
 
     conv: (nseq, conv_dim, conv_kernel - 1), the activation dtype; ssm: (nseq, *ssm shape)
