@@ -12,7 +12,7 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -27,8 +27,8 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_tokens(tokens, vocab_size: int) -> list[int]:
-    """Token ids as a list of ints: a sequence of ints (not bools or floats) or a 1-D integer
-    tensor, each in [0, vocab_size)."""
+    """Token ids as a list of ints: a sequence (or other iterable, e.g. a NumPy array) of ints, not
+    bools or floats, or a 1-D integer tensor; each in [0, vocab_size)."""
     if isinstance(tokens, torch.Tensor):
         if tokens.ndim != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be a 1-D integer tensor or a sequence of ints, got a tensor of shape "
@@ -36,7 +36,7 @@ def check_tokens(tokens, vocab_size: int) -> list[int]:
         if tokens.device.type == "meta":
             raise ValueError("tokens is on the meta device, which holds no values")
         ids = tokens.tolist()
-    elif isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+    elif isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
         raise TypeError(f"tokens must be a sequence of ints or a 1-D integer tensor, got {type(tokens).__name__}")
     else:
         ids = []
