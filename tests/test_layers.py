@@ -68,17 +68,17 @@ def test_loads_transformers_weights_and_matches_its_torch_forward(kind):
 # -------------------------------------------------------------------------------------------
 # Batch-invariant row ops: a row's result whatever rows come with it
 # -------------------------------------------------------------------------------------------
-def _row_ops(dtype):
+def _row_ops(dtype, device):
     """(name, input widths, function) of the ops the layers and the served model run as rows."""
     torch.manual_seed(1)
     ops = []
     for k, n in ((32, 292), (64, 5), (24, 100), (256, 600)):  # projections, odd and wide ones too
-        linear = torch.nn.Linear(k, n, bias=n % 2 == 0, dtype=dtype)
+        linear = torch.nn.Linear(k, n, bias=n % 2 == 0, dtype=dtype, device=device)
         ops.append((f"linear {k}->{n}", (k,), lambda x, f=linear: exact_linear(f, x)))
     for width, group in ((128, 64), (600, 600), (70, 35)):
-        norm = GatedRMSNorm(width, group, dtype=dtype)
+        norm = GatedRMSNorm(width, group, dtype=dtype, device=device)
         with torch.no_grad():
-            norm.weight.add_(torch.randn(width, dtype=dtype))
+            norm.weight.add_(torch.randn(width, dtype=dtype, device=device))
         ops.append((f"gated norm {width}/{group}", (width, width), lambda y, g, f=norm: exact_rowwise(f, y, g)))
     ops.append(("silu * up 1000", (1000, 1000), lambda g, u: exact_rowwise(lambda a, b: F.silu(a) * b, g, u)))
     return ops
@@ -87,15 +87,15 @@ def _row_ops(dtype):
 @torch.no_grad()
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_row_ops_are_bitwise_the_same_whatever_rows_come_with_a_row(dtype, threads):
+def test_row_ops_are_bitwise_the_same_whatever_rows_come_with_a_row(dtype, threads, device):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for name, widths, op in _row_ops(dtype):
-            row = [torch.randn(1, w).to(dtype) * 3 for w in widths]
+        for name, widths, op in _row_ops(dtype, device):
+            row = [(torch.randn(1, w) * 3).to(device, dtype) for w in widths]
             alone = op(*row)
             for count in (1, 7, 64, 65, 130):
-                others = [torch.randn(count, w).to(dtype) * 3 for w in widths]
+                others = [(torch.randn(count, w) * 3).to(device, dtype) for w in widths]
                 for at in sorted({0, 1, count // 2, count - 2, count - 1} & set(range(count))):
                     batch = [o.clone() for o in others]
                     for b, r in zip(batch, row):
