@@ -11,8 +11,9 @@ and replays 20; in-pass capture (inpass, free) restores at 32768 and replays 4.
 By default the incident is scaled down 8x (budget 1024, total 4100, interval 4) so that it runs
 in seconds on a CPU; the relations that made the incident stay: the first chunk is one token past
 a block boundary, and under legacy the tail split point falls inside the second-to-last chunk.
-``--full`` runs it at full size (about 3.5 minutes on a 2-core CPU). The exact path throughout: the recurrent kernels (PyTorch on
-CPU, Triton on CUDA) and token-wise projections.
+``--full`` runs it at full size (minutes on a CPU; the README quotes measured times). The exact
+path throughout: the recurrent kernels (PyTorch on CPU, Triton on CUDA) and batch-invariant
+projections and norms.
 
     python -m ssm_serving.demo [--scale N | --full] [--layers L] [--hidden H] ...
 """
