@@ -26,14 +26,15 @@ BLOCK_D = 32
 
 
 @triton.jit
-def _load_inputs(p_x, s_x_t, p_init, s_init_k, pos, m, WIDTH: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr):
+def _load_inputs(p_x, s_x_t, p_init, s_init_k, pos, m, starts, WIDTH: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr):
     """The inputs at sequence positions `pos` (int64, may be negative: those come from the initial
-    state, zeros without one) of channels `p_x`/`p_init` (all three broadcastable to the tile),
-    where `m`; in x's dtype."""
+    state where `starts`, zeros without one) of channels `p_x`/`p_init` (all three broadcastable
+    to the tile), where `m`; in x's dtype."""
     b_x = tl.load(p_x + pos * s_x_t, mask=m & (pos >= 0), other=0.0)
     if HAS_INITIAL_STATE:
-        b_init = tl.load(p_init + (pos + (WIDTH - 1)) * s_init_k, mask=m & (pos < 0), other=0.0)
-        b_x = tl.where(pos >= 0, b_x, b_init)
+        m_init = tl.where(starts, m & (pos < 0), False)  # (not m & starts: the interpreter mistypes it)
+        b_init = tl.load(p_init + (pos + (WIDTH - 1)) * s_init_k, mask=m_init, other=0.0)
+        b_x = tl.where(pos >= 0, b_x, b_init.to(b_x.dtype))
     return b_x
 
 
@@ -74,8 +75,8 @@ def _stack(e, VEC: tl.constexpr):
 @triton.jit
 def _conv_kernel(
     x_ptr, w_ptr, bias_ptr, init_ptr, out_ptr, final_ptr, captured_ptr,
-    cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
-    dim, seqlen,
+    cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr, state_index_ptr, has_initial_ptr,
+    dim, seqlen, skip_slot,
     s_x_b, s_x_d, s_x_t,
     s_w_d, s_w_k,
     s_bias_d,
@@ -85,6 +86,7 @@ def _conv_kernel(
     s_cap_r, s_cap_d, s_cap_k,
     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
+    HAS_STATE_INDEX: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr,
 ):
     i_t = tl.program_id(0)
@@ -92,6 +94,17 @@ def _conv_kernel(
     i_s = tl.program_id(2).to(tl.int64)
 
     i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
+    # States in a pool of slots (an engine's cache), read and written in place.
+    i_slot = i_s
+    if HAS_STATE_INDEX:
+        i_slot = tl.load(state_index_ptr + i_s).to(tl.int64)
+    live = i_s == i_s  # a skipped row (an engine's padding) reads and writes nothing
+    if HAS_SKIP:
+        live = i_slot != skip_slot
+        length = tl.where(live, length, 0)
+    starts = live  # whether the row reads its initial state
+    if HAS_INITIAL_FLAGS:
+        starts = live & (tl.load(has_initial_ptr + i_s) != 0)
 
     # The tile [BLOCK_D channels, BLOCK_T // VEC, VEC] of outputs at o_t = v * VEC + j.
     o_d1 = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
@@ -101,13 +114,13 @@ def _conv_kernel(
     o_t = o_t[None, :, :]
     m_t = o_t < length
     p_x = x_ptr + i_b * s_x_b + bos * s_x_t + o_d * s_x_d  # token 0 of the sequence
-    p_init = init_ptr + i_s * s_init_s + o_d * s_init_d
+    p_init = init_ptr + i_slot * s_init_s + o_d * s_init_d
     if VEC > 1:
         # Tokens contiguous: each thread reads its VEC consecutive inputs and the VEC before them
         # as two vector loads, and takes every tap from these registers.
-        prev = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t - VEC, m_d & (o_t - VEC < length), WIDTH,
+        prev = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t - VEC, m_d & (o_t - VEC < length), starts, WIDTH,
                             HAS_INITIAL_STATE)
-        cur = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t, m_d & m_t, WIDTH, HAS_INITIAL_STATE)
+        cur = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t, m_d & m_t, starts, WIDTH, HAS_INITIAL_STATE)
         window = _columns(prev.to(tl.float32), VEC) + _columns(cur.to(tl.float32), VEC)
         b_bias = tl.zeros([BLOCK_D, BLOCK_T // VEC], dtype=tl.float32)
         if HAS_BIAS:
@@ -127,7 +140,7 @@ def _conv_kernel(
             acc += tl.load(bias_ptr + o_d * s_bias_d, mask=m_d, other=0.0).to(tl.float32)
         for k in tl.static_range(WIDTH):
             b_w = tl.load(w_ptr + o_d * s_w_d + k * s_w_k, mask=m_d, other=0.0).to(tl.float32)
-            b_x = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t - (WIDTH - 1 - k), m_d & m_t, WIDTH,
+            b_x = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t - (WIDTH - 1 - k), m_d & m_t, starts, WIDTH,
                                HAS_INITIAL_STATE)
             acc = acc + b_w * b_x.to(tl.float32)
     if SILU:
@@ -142,21 +155,32 @@ def _conv_kernel(
             m_dw = o_d1[:, None] < dim
             m_dw = m_dw & (o_w < WIDTH - 1)
             p_x2 = x_ptr + i_b * s_x_b + bos * s_x_t + o_d1[:, None] * s_x_d
-            p_init2 = init_ptr + i_s * s_init_s + o_d1[:, None] * s_init_d
-            b_state = _load_inputs(p_x2, s_x_t, p_init2, s_init_k, length - (WIDTH - 1) + o_w, m_dw,
+            p_init2 = init_ptr + i_slot * s_init_s + o_d1[:, None] * s_init_d
+            b_state = _load_inputs(p_x2, s_x_t, p_init2, s_init_k, length - (WIDTH - 1) + o_w, m_dw, starts,
                                    WIDTH, HAS_INITIAL_STATE)  # [BD, BW]
-            p_fin = final_ptr + i_s * s_fin_s + o_d1[:, None] * s_fin_d + o_w * s_fin_k
-            tl.store(p_fin, b_state, mask=m_dw)
+            p_fin = final_ptr + i_slot * s_fin_s + o_d1[:, None] * s_fin_d + o_w * s_fin_k
+            m_fin = tl.where(live, m_dw, False)
+            if not HAS_STATE_INDEX:
+                tl.store(p_fin, cast_for_store(b_state.to(tl.float32), final_ptr.dtype.element_ty), mask=m_fin)
             if HAS_CAPTURE:
                 c_lo = tl.load(cap_ptr_ptr + i_s)
                 c_hi = tl.load(cap_ptr_ptr + i_s + 1)
                 for c in range(c_lo, c_hi):
                     offset = tl.load(cap_offset_ptr + c)
                     row = tl.load(cap_row_ptr + c)
-                    b_cap = _load_inputs(p_x2, s_x_t, p_init2, s_init_k, offset - (WIDTH - 1) + o_w, m_dw,
+                    b_cap = _load_inputs(p_x2, s_x_t, p_init2, s_init_k, offset - (WIDTH - 1) + o_w, m_dw, starts,
                                          WIDTH, HAS_INITIAL_STATE)
                     p_cap = captured_ptr + row * s_cap_r + o_d1[:, None] * s_cap_d + o_w * s_cap_k
-                    tl.store(p_cap, b_cap, mask=m_dw)
+                    keep = live
+                    if HAS_SKIP:  # an engine declines a capture by pointing it at the skip slot
+                        keep = keep & (row != skip_slot)
+                    tl.store(p_cap, cast_for_store(b_cap.to(tl.float32), captured_ptr.dtype.element_ty),
+                             mask=tl.where(keep, m_dw, False))
+            if HAS_STATE_INDEX:
+                # In place: the final state overwrites the slot the initial inputs came from, so
+                # every read of them (this first time tile's outputs and captures) comes first.
+                tl.debug_barrier()
+                tl.store(p_fin, cast_for_store(b_state.to(tl.float32), final_ptr.dtype.element_ty), mask=m_fin)
 
 
 def _time_vector(p: ConvProblem) -> int:
@@ -183,11 +207,14 @@ def run_triton(p: ConvProblem) -> None:
         ptr_or(p.x, w), w, ptr_or(p.bias, w), ptr_or(p.state_in, w), ptr_or(p.out, w),
         ptr_or(p.state_out, w), ptr_or(p.captured, w),
         ptr_or(p.seqs.cu_seqlens, w), ptr_or(cap.ptr, w), ptr_or(cap.offset, w), ptr_or(cap.row, w),
-        dim, p.x.shape[2],
+        ptr_or(p.state_index, w), ptr_or(p.has_initial, w),
+        dim, p.x.shape[2], 0 if p.skip_slot is None else p.skip_slot,
         *p.x.stride(), *p.weight.stride(), *strides_or_zeros(p.bias, 1), *strides_or_zeros(p.state_in, 3),
         *p.out.stride(), *p.state_out.stride(), *p.captured.stride(),
         WIDTH=width, HAS_BIAS=p.bias is not None, SILU=p.silu,
         HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
+        HAS_STATE_INDEX=p.state_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
+        HAS_SKIP=p.skip_slot is not None,
         BLOCK_T=block_t, BLOCK_D=block_d, BLOCK_W=block_w, VEC=vec,
         num_warps=4,
     )

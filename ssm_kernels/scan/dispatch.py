@@ -6,10 +6,6 @@ from .torch_kernel import run_torch
 from .triton_kernel import run_triton
 
 
-def run(problem: ScanProblem, backend: str, *, decode: bool = False) -> None:
-    """Run a validated problem on a resolved backend ('triton' or 'torch'). `decode`: a decode
-    step (one token per sequence; the Triton kernel computes dt' in place of a table pass)."""
-    if backend == "triton":
-        run_triton(problem, dt_inline=decode)
-    else:
-        run_torch(problem)
+def run(problem: ScanProblem, backend: str) -> None:
+    """Run a validated problem on a resolved backend ('triton' or 'torch')."""
+    (run_triton if backend == "triton" else run_torch)(problem)

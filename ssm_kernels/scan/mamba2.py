@@ -184,12 +184,15 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
         dt_limit = tuple(float(v) for v in dt_limit)
         backend = resolve_backend(backend, x.device)
     batch = x.shape[0]
-    y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
+    if pad_slot_id is None:
+        y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
+    else:  # padded rows write nothing: their y stays zero
+        y = torch.zeros(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
     problem = _problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
                        None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
                        state, state_indices, Sequences(None, [1] * batch, varlen=False), NO_CAPTURES,
                        y, state, state[:0])
     problem.state_out_index = dst_state_indices
-    problem.pad_slot = None if pad_slot_id is None else int(pad_slot_id)
-    dispatch.run(problem, backend, decode=True)
+    problem.skip_slot = pad_slot_id
+    dispatch.run(problem, backend)
     return y[:, 0]

@@ -46,8 +46,11 @@ class ScanProblem:
             and writes state_out[state_index[s]]; None means slot s.
         state_out_index: (nseq,) int32/int64 or None: sequence s writes state_out[state_out_index[s]]
             instead (decode into another slot).
-        pad_slot: int or None: a sequence whose state_index is pad_slot reads and writes no state,
-            and its y is zeros (padded decode rows).
+        has_initial: (nseq,) bool or None: where False, sequence s starts from zeros instead of
+            reading state_in.
+        skip_slot: int or None: a sequence whose state_index is skip_slot (an engine's padding
+            row) reads and writes nothing, y and captures included; so does a capture whose row
+            is skip_slot (an engine declining it).
     Outputs (written by the backend):
         y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32
             (or state_in's dtype for a decode state pool: stored rounded, computed in float32);
@@ -74,7 +77,8 @@ class ScanProblem:
     state_out: torch.Tensor
     captured: torch.Tensor
     state_out_index: torch.Tensor | None = None
-    pad_slot: int | None = None
+    has_initial: torch.Tensor | None = None
+    skip_slot: int | None = None
 
     @property
     def dims(self) -> tuple[int, int, int, int]:

@@ -53,19 +53,22 @@ def run_torch(p: ScanProblem) -> None:
     dt_bias = p.dt_bias.float() if p.dt_bias is not None else None
     sources = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
     targets = p.state_out_index.tolist() if p.state_out_index is not None else sources
+    starts = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
     captures = p.captures.entries  # sorted by (sequence, offset)
     c = 0
     for s, (b, start, length) in enumerate(p.seqs.spans()):
-        if p.pad_slot is not None and sources[s] == p.pad_slot:  # padding: no state read or written
-            p.y[b, start:start + length] = 0
+        if p.skip_slot is not None and sources[s] == p.skip_slot:  # a skipped row: nothing read or written
+            while c < len(captures) and captures[c][0] == s:
+                c += 1
             continue
-        if p.state_in is not None:
+        if p.state_in is not None and starts[s]:
             state = p.state_in[sources[s]].float()
         else:
             state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
         for k in range(length + 1):
             while c < len(captures) and captures[c][:2] == (s, k):
-                p.captured[captures[c][2]].copy_(state)
+                if p.skip_slot is None or captures[c][2] != p.skip_slot:
+                    p.captured[captures[c][2]].copy_(state)
                 c += 1
             if k == length:
                 break

@@ -166,9 +166,9 @@ def _advance(state, t_lo, t_hi,
 @triton.jit
 def _scan_kernel(
     x_ptr, dt_ptr, table_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr,
-    state_in_ptr, state_out_ptr, slot_in_ptr, slot_out_ptr, y_ptr, captured_ptr,
+    state_in_ptr, state_out_ptr, slot_in_ptr, slot_out_ptr, has_initial_ptr, y_ptr, captured_ptr,
     cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
-    seqlen, nheads, headdim, dstate, heads_per_group, dt_min, dt_max, pad_slot,
+    seqlen, nheads, headdim, dstate, heads_per_group, dt_min, dt_max, skip_slot,
     s_x_b, s_x_t, s_x_h, s_x_p,
     s_dt_b, s_dt_t, s_dt_h, s_dt_p,
     s_A_h, s_A_p, s_A_n,
@@ -184,7 +184,7 @@ def _scan_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_SLOT_OUT: tl.constexpr,
-    HAS_PAD_SLOT: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
+    HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
     R: tl.constexpr, J: tl.constexpr, PL: tl.constexpr, L: tl.constexpr, V: tl.constexpr,
     EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
     OFFSETS_32: tl.constexpr, ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr,
@@ -201,10 +201,13 @@ def _scan_kernel(
     i_out = i_in
     if HAS_SLOT_OUT:
         i_out = tl.load(slot_out_ptr + i_s).to(tl.int64)
-    live = i_s == i_s  # a padded decode row reads and writes no state
-    if HAS_PAD_SLOT:
-        live = i_in != pad_slot
+    live = i_s == i_s  # a skipped row (an engine's padding) reads and writes nothing
+    if HAS_SKIP:
+        live = i_in != skip_slot
         length = tl.where(live, length, 0)
+    starts = live  # whether the row reads its initial state
+    if HAS_INITIAL_FLAGS:
+        starts = live & (tl.load(has_initial_ptr + i_s) != 0)
 
     # The tile [R, J, PL, L, V]: rows o_p = l_p * R + r, state columns o_n = (j * L + l) * V + v
     # (lanes hold PL rows x L column runs; a thread R rows x J runs of V columns).
@@ -266,13 +269,10 @@ def _scan_kernel(
             b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h + o_p * s_bias_p, mask=m_p, other=0.0).to(tl.float32)
         else:
             b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
-    if HAS_PAD_SLOT:
-        tl.store(p_y, tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32).to(y_ptr.dtype.element_ty),
-                 mask=tl.where(live, False, m_p))
 
     if HAS_INITIAL_STATE:
         p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
-        state = tl.load(p_in, mask=tl.where(live, m_pn, False), other=0.0).to(tl.float32)
+        state = tl.load(p_in, mask=tl.where(starts, m_pn, False), other=0.0).to(tl.float32)
     else:
         state = tl.zeros([R, J, PL, L, V], dtype=tl.float32)
 
@@ -298,7 +298,10 @@ def _scan_kernel(
         if HAS_CAPTURE:
             row = tl.load(cap_row_ptr + c_lo + c, mask=c < n_cap, other=0)
             p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
-            tl.store(p_cap, state, mask=tl.where(c < n_cap, m_pn, False))
+            keep = c < n_cap
+            if HAS_SKIP:  # an engine declines a capture by pointing it at the skip slot
+                keep = keep & live & (row != skip_slot)
+            tl.store(p_cap, cast_for_store(state, captured_ptr.dtype.element_ty), mask=tl.where(keep, m_pn, False))
         done = end
     p_out = state_out_ptr + i_out * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
     tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
@@ -360,18 +363,18 @@ def _token_offsets_fit_32_bits(p: ScanProblem) -> bool:
     return seqlen * max(abs(s) for s in strides) < 2 ** 31
 
 
-def run_triton(p: ScanProblem, *, dt_inline: bool = False) -> None:
+def run_triton(p: ScanProblem) -> None:
     """Launch the kernel over (sequence, head, row block); writes p.y, p.state_out, p.captured.
 
-    Mamba-2 passes read dt' and exp(dt' A) from a table filled first, unless `dt_inline`
-    (the decode step: one token, computed in the kernel with the same code)."""
+    Mamba-2 passes read dt' and exp(dt' A) from a table filled first; a pass of one token per
+    sequence (a decode step) computes them in the kernel instead, with the same code."""
     nseq = p.seqs.count
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
     r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8)
     block_p = r * pl
-    use_table = not p.a_per_state and not dt_inline
+    use_table = not p.a_per_state and p.x.shape[1] > 1
     table = dt_table(p) if use_table else None
     grid = (nseq, nheads, triton.cdiv(headdim, block_p))
     cap = p.captures
@@ -379,17 +382,19 @@ def run_triton(p: ScanProblem, *, dt_inline: bool = False) -> None:
     _scan_kernel[grid](
         ptr_or(p.x, out), ptr_or(p.dt, out), ptr_or(table, out), p.A, ptr_or(p.B, out), ptr_or(p.C, out),
         ptr_or(p.D, out), ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out,
-        ptr_or(p.state_index, out), ptr_or(p.state_out_index, out), ptr_or(p.y, out), ptr_or(p.captured, out),
+        ptr_or(p.state_index, out), ptr_or(p.state_out_index, out), ptr_or(p.has_initial, out), ptr_or(p.y, out),
+        ptr_or(p.captured, out),
         ptr_or(p.seqs.cu_seqlens, out), ptr_or(cap.ptr, out), ptr_or(cap.offset, out), ptr_or(cap.row, out),
         p.x.shape[1], nheads, headdim, dstate, nheads // ngroups, p.dt_min, p.dt_max,
-        0 if p.pad_slot is None else p.pad_slot,
+        0 if p.skip_slot is None else p.skip_slot,
         *p.x.stride(), *p.dt.stride(), *p.A.stride(), *p.B.stride(), *p.C.stride(),
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
         HAS_D=p.D is not None, HAS_Z=p.z is not None, HAS_DT_BIAS=p.dt_bias is not None,
         DT_SOFTPLUS=p.dt_softplus, A_PER_STATE=p.a_per_state, DT_TABLE=use_table,
         HAS_INITIAL_STATE=p.state_in is not None, HAS_SLOT_IN=p.state_index is not None,
-        HAS_SLOT_OUT=p.state_out_index is not None, HAS_PAD_SLOT=p.pad_slot is not None,
+        HAS_SLOT_OUT=p.state_out_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
+        HAS_SKIP=p.skip_slot is not None,
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
         R=r, J=j, PL=pl, L=lanes, V=v, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * lanes * v,
         PAIRS=_reads_pairs(p.B, p.C), IS_BF16=p.B.dtype == torch.bfloat16,
