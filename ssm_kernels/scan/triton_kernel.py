@@ -68,12 +68,13 @@ def _load(p, mask):
 
 @triton.jit
 def _rows(v, ROW_PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
-    """Per-row values [R, 1, PL, 1, 1] in fp32. With ROW_PAIRS (R == 2), `v` [1, 1, PL, 1, 1]
-    holds 32-bit words of a thread's two adjacent 16-bit rows: a load of 4 bytes, which the
-    software pipeline can issue asynchronously (a 2-byte load cannot)."""
+    """Per-row values [R, 1, PL, 1, 1] in fp32. With ROW_PAIRS, `v` [R // 2, 1, PL, 1, 1] holds
+    32-bit words of a thread's adjacent 16-bit rows (2w, 2w + 1): loads of 4 bytes, which the
+    software pipeline can issue asynchronously (2-byte loads it cannot)."""
     if ROW_PAIRS:
-        pair = tl.reshape(as_f32(tl.reshape(v, [v.shape[2], 1, 1]), True, IS_BF16), [v.shape[2], 2])
-        out = tl.reshape(tl.permute(pair, (1, 0)), [2, 1, v.shape[2], 1, 1])
+        w: tl.constexpr = v.shape[0]
+        pairs = as_f32(tl.reshape(v, [w, v.shape[2], 1]), True, IS_BF16)  # [w, PL, 2]
+        out = tl.reshape(tl.permute(pairs, (0, 2, 1)), [2 * w, 1, v.shape[2], 1, 1])
     else:
         out = v.to(tl.float32)
     return out
@@ -223,11 +224,11 @@ def _scan_kernel(
     # Pointers to token 0 of this tile's sequence; _advance adds t * stride.
     p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h
     p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_h * s_z_h
-    if ROW_PAIRS:  # a thread's two rows as one 32-bit word (see _rows)
-        o_pair = (i_p * (R * PL) + o_l * R) // 2  # [1, 1, PL, 1, 1]
+    if ROW_PAIRS:  # a thread's rows as 32-bit words of two (see _rows)
+        o_pair = (i_p * (R * PL) + o_l * R) // 2 + tl.arange(0, R // 2)[:, None, None, None, None]
         p_x = p_x.to(tl.pointer_type(tl.uint32)) + o_pair
         p_z = p_z.to(tl.pointer_type(tl.uint32)) + o_pair
-        m_x = (i_p * (R * PL) + o_l * R) < headdim
+        m_x = o_pair * 2 < headdim
         s_x_t = s_x_t // 2
         s_z_t = s_z_t // 2
     else:
@@ -398,7 +399,7 @@ def run_triton(p: ScanProblem) -> None:
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
         R=r, J=j, PL=pl, L=lanes, V=v, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * lanes * v,
         PAIRS=_reads_pairs(p.B, p.C), IS_BF16=p.B.dtype == torch.bfloat16,
-        ROW_PAIRS=r == 2 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
+        ROW_PAIRS=r % 2 == 0 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
         IS_BF16_X=p.x.dtype == torch.bfloat16,
         OFFSETS_32=_token_offsets_fit_32_bits(p),
         num_warps=num_warps,
