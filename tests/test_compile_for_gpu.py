@@ -15,6 +15,8 @@ SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")
 def test_every_kernel_variant_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # the default today, stated so newer Triton does not warn
+    # The checkout under test, not whatever copy of the package is installed.
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parent.parent)] + env.get("PYTHONPATH", "").split(os.pathsep))
     run = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     lines = run.stdout.strip().splitlines()
