@@ -100,7 +100,8 @@ def test_triton_matches_torch_path(device):
 
 @pytest.mark.parametrize("changes, error, message", [
     (dict(algorithm="parallel"), ValueError, "algorithm must be one of"),
-    (dict(algorithm="chunked", chunk_size=24), ValueError, "chunk_size must be a power of two from 16 to 256"),
+    (dict(algorithm="chunked", chunk_size=24), ValueError, "chunk_size must be a power of two from 16"),
+    (dict(algorithm="chunked", chunk_size=512), ValueError, "chunk_size must be a power of two from 16 to 256"),
     (dict(algorithm="chunked", chunk_size=16.0), TypeError, "chunk_size must be an int"),
     (dict(algorithm="chunked", start_positions=[0]), ValueError, r"one position per sequence \(2\), got 1"),
     (dict(algorithm="chunked", start_positions=[0, -1]), ValueError, r"start_positions\[1\] must be >= 0"),

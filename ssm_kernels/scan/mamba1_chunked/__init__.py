@@ -21,11 +21,12 @@ import operator
 import torch
 
 from ..._common import Sequences
+from .. import chunked
 from ..problem import ScanProblem
 from .torch_kernel import run_torch
 from .triton_kernel import run_triton
 
-ALGORITHMS = ("recurrent", "chunked", "auto")
+ALGORITHMS = chunked.ALGORITHMS
 DEFAULT_CHUNK_SIZE = 64
 MAX_CHUNK_SIZE = 256
 # "auto" takes the chunked path on CUDA from this many tokens in the longest sequence: the
@@ -35,24 +36,19 @@ AUTO_CHUNKED_MIN_TOKENS = DEFAULT_CHUNK_SIZE
 
 
 def check_chunk_size(chunk_size) -> int:
-    """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
+    """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE] (the chunked
+    Mamba-2 path's rule, with a smaller ceiling: a thread holds its chunk's tokens in registers)."""
     if chunk_size is None:
         return DEFAULT_CHUNK_SIZE
-    if isinstance(chunk_size, bool):
-        raise TypeError(f"chunk_size must be an int, got {chunk_size!r}")
-    try:
-        size = operator.index(chunk_size)
-    except TypeError:
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
-    if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
+    size = chunked.check_chunk_size(chunk_size)
+    if size > MAX_CHUNK_SIZE:
         raise ValueError(f"chunk_size must be a power of two from 16 to {MAX_CHUNK_SIZE}, got {size}")
     return size
 
 
 def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
-    """Validate `algorithm` and resolve "auto" (see the module doc)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    """Validate `algorithm` (as mamba2_scan's) and resolve "auto" (see the module doc)."""
+    chunked.resolve_algorithm(algorithm, device, seqs)  # checks the name
     if algorithm != "auto":
         return algorithm
     longest = max(seqs.lengths, default=0)
