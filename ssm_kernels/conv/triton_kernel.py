@@ -16,13 +16,15 @@ import triton.language as tl
 from .._triton import cast_for_store, ptr_or, sequence_span, strides_or_zeros
 from .problem import ConvProblem
 
-# Tile sizes: fixed constants (the result of an element does not depend on them anyway). With
+# Tile sizes: fixed constants (the result of an element does not depend on them anyway: the tile
+# may follow the pass length, unlike the scans'). With
 # tokens contiguous a thread owns one vector of tokens of one channel (32 x 32 tiles); with
 # channels contiguous it owns a vector of channels at 4 tokens (32 x 128 tiles), so its weights,
 # loaded once, serve more outputs. Both keep every tile in registers when compiled for sm_90.
 BLOCK_T = 32
 BLOCK_T_CHANNEL_VECTORS = 128
 BLOCK_D = 32
+BLOCK_D_ONE_TOKEN = 256  # passes of at most one token per sequence (decode): one tile per 256 channels
 
 
 @triton.jit
@@ -196,10 +198,12 @@ def run_triton(p: ConvProblem) -> None:
     if nseq == 0:
         return
     dim, width = p.weight.shape
-    block_d = min(BLOCK_D, triton.next_power_of_2(dim))
     block_w = triton.next_power_of_2(max(width - 1, 1))
-    vec = _time_vector(p)
-    block_t = BLOCK_T if vec > 1 else BLOCK_T_CHANNEL_VECTORS
+    if max(p.seqs.lengths) <= 1:  # decode: one token, many channels per program
+        block_d, vec, block_t, num_warps = min(BLOCK_D_ONE_TOKEN, triton.next_power_of_2(dim)), 1, 1, 2
+    else:
+        block_d, vec, num_warps = min(BLOCK_D, triton.next_power_of_2(dim)), _time_vector(p), 4
+        block_t = BLOCK_T if vec > 1 else BLOCK_T_CHANNEL_VECTORS
     grid = (max(1, triton.cdiv(max(p.seqs.lengths), block_t)), triton.cdiv(dim, block_d), nseq)
     cap = p.captures
     w = p.weight  # stands in for absent or empty tensors (never empty itself)
@@ -216,5 +220,5 @@ def run_triton(p: ConvProblem) -> None:
         HAS_STATE_INDEX=p.state_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
         HAS_SKIP=p.skip_slot is not None,
         BLOCK_T=block_t, BLOCK_D=block_d, BLOCK_W=block_w, VEC=vec,
-        num_warps=4,
+        num_warps=num_warps,
     )
