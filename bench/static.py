@@ -36,7 +36,7 @@ from .common import git_commit  # noqa: E402
 from .launches import TARGET, compile_launch, recording  # noqa: E402
 from .static_report import LABEL, markdown, summary_lines  # noqa: E402
 from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, WORKLOADS, count_sizes,  # noqa: E402
-                               mamba_ssm_ops, run_call, shapes_for)
+                               mamba_ssm_ops, parse_layer, run_call, shape_record, shapes_for)
 from .workloads import decode_bytes, pass_bytes  # noqa: E402
 
 MAX_SHARED_PER_BLOCK = 227 * 1024  # larger configs fail to launch (an autotuner skips them)
@@ -108,7 +108,7 @@ class Report:
         self.peer_ops, self.peer_how = (None, "not asked (--no-peers)") if args.no_peers else mamba_ssm_ops()
         self.count_cache: dict = {}
 
-    def record(self, workload: str, shape: str, size: int, peer: bool):
+    def record(self, workload: str, shape, size: int, peer: bool):
         launches = []
         with recording(launches):
             run_call(workload, shape, size, peer=peer)
@@ -118,17 +118,18 @@ class Report:
         """Count every (workload, shape, peer) needed, in one interpreter subprocess."""
         todo = []
         for w, shape, size, peer in jobs:
-            key = (w.name, shape.name, peer, tuple(count_sizes(w, size)))
+            key = (w.name, shape.name, peer, tuple(count_sizes(w, peer)))
             if key not in self.count_cache and key not in [k for k, _ in todo]:
-                todo.append((key, {"workload": w.name, "shape": shape.name, "sizes": list(key[3]), "peer": peer}))
+                todo.append((key, {"workload": w.name, "shape": shape_record(shape), "sizes": list(key[3]),
+                                   "peer": peer}))
         if todo:
             for (key, _), result in zip(todo, counting.count([r for _, r in todo])):
                 self.count_cache[key] = result
 
     def call(self, w, shape, size: int, peer: bool) -> dict:
-        key = (w.name, shape.name, peer, tuple(count_sizes(w, size)))
+        key = (w.name, shape.name, peer, tuple(count_sizes(w, peer)))
         launch_counts = counting.extrapolate(self.count_cache[key], size)
-        launches = self.record(w.name, shape.name, size, peer)
+        launches = self.record(w.name, shape, size, peer)
         seen = [(c["kernel"], c["config"]) for c in launch_counts]
         recorded = [(launch.kernel, launch.config) for launch in launches]
         if seen != recorded:
@@ -143,10 +144,11 @@ class Report:
 def plan(args) -> list[tuple]:
     """(workload, shape, size) of every call the report models."""
     jobs = []
+    layers = [parse_layer(text) for text in args.layer] if args.layer else list(SHAPES.values())
     for w in WORKLOADS.values():
         if args.workload and not any(f.lower() in w.name.lower() for f in args.workload):
             continue
-        for shape in shapes_for(w):
+        for shape in shapes_for(w, layers):
             if args.shape and not any(f.lower() in shape.name.lower() for f in args.shape):
                 continue
             sizes = (args.tokens or PREFILL_TOKENS) if w.kind == "prefill" else (args.batch or DECODE_BATCHES)
@@ -206,6 +208,8 @@ def main(argv=None) -> int:
                         + "; ".join(WORKLOADS))
     parser.add_argument("--shape", action="append", help="only shapes whose name contains this (repeatable): "
                         + "; ".join(SHAPES))
+    parser.add_argument("--layer", action="append", help="a custom layer instead of the standard shapes "
+                        "(repeatable): mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N")
     parser.add_argument("--tokens", type=int, action="append", help="prefill tokens (repeatable)")
     parser.add_argument("--batch", type=int, action="append", help="decode batch (repeatable)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
@@ -215,6 +219,11 @@ def main(argv=None) -> int:
         args.shape = args.shape or ["2.7B", "2.8B"]
         args.tokens = args.tokens or [8192]
         args.batch = args.batch or [64]
+    from .static_workloads import CHUNK
+    if any(n <= 0 or n % CHUNK for n in args.tokens or ()):
+        parser.error(f"--tokens must be positive multiples of {CHUNK} (the counts are extrapolated from full chunks)")
+    if any(n <= 0 for n in args.batch or ()):
+        parser.error("--batch must be positive")
     out = args.out or Path("bench/results") / f"{datetime.date.today().isoformat()}-static"
     data = run(args)
     out.mkdir(parents=True, exist_ok=True)
