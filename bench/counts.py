@@ -59,12 +59,15 @@ class _Counter:
             return
         self.add(f"bytes_{kind}", amount)
         first = int(np.min(active))
-        self.per_storage[next((r for r in self.ranges if r[0] <= first < r[1]), None)] += amount * self.weight
+        storage = next((r for r in self.ranges if r[0] <= first < r[1]), None)
+        self.per_storage[storage, kind] += amount * self.weight
 
     def unique_bytes(self) -> float:
-        """Bytes each storage must move at least once: what was requested of it, at most its size
-        (an access outside every argument's storage counts in full)."""
-        return float(sum(amount if r is None else min(amount, r[1] - r[0]) for r, amount in self.per_storage.items()))
+        """Bytes each storage must move at least: what was loaded from it, at most its size, and
+        what was stored to it, at most its size (an access outside every argument's storage counts
+        in full)."""
+        return float(sum(amount if r is None else min(amount, r[1] - r[0])
+                         for (r, _), amount in self.per_storage.items()))
 
 
 def _install_counting(counter: _Counter):

@@ -141,15 +141,27 @@ class Report:
                 "kernels_launched": len(chosen)}
 
 
+def matches(name: str, filters, names) -> bool:
+    """Whether `name` is selected by the filters: a filter equal to one of `names` selects that
+    one alone, any other selects the names that contain it (case-insensitive)."""
+    if not filters:
+        return True
+    for f in filters:
+        exact = [n for n in names if n.lower() == f.lower()]
+        if (name in exact) if exact else f.lower() in name.lower():
+            return True
+    return False
+
+
 def plan(args) -> list[tuple]:
     """(workload, shape, size) of every call the report models."""
     jobs = []
     layers = [parse_layer(text) for text in args.layer] if args.layer else list(SHAPES.values())
     for w in WORKLOADS.values():
-        if args.workload and not any(f.lower() in w.name.lower() for f in args.workload):
+        if not matches(w.name, args.workload, WORKLOADS):
             continue
         for shape in shapes_for(w, layers):
-            if args.shape and not any(f.lower() in shape.name.lower() for f in args.shape):
+            if not matches(shape.name, args.shape, [s.name for s in layers]):
                 continue
             sizes = (args.tokens or PREFILL_TOKENS) if w.kind == "prefill" else (args.batch or DECODE_BATCHES)
             jobs += [(w, shape, size) for size in sizes]
@@ -204,9 +216,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="one shape (Mamba-2 2.7B, and Mamba-1 2.8B for Mamba-1 calls), 8192 tokens, batch 64")
-    parser.add_argument("--workload", action="append", help="only calls whose name contains this (repeatable): "
+    parser.add_argument("--workload", action="append", help="only this call, or the calls whose name contains "
+                        "this (repeatable): "
                         + "; ".join(WORKLOADS))
-    parser.add_argument("--shape", action="append", help="only shapes whose name contains this (repeatable): "
+    parser.add_argument("--shape", action="append", help="only this shape, or the shapes whose name contains this "
+                        "(repeatable): "
                         + "; ".join(SHAPES))
     parser.add_argument("--layer", action="append", help="a custom layer instead of the standard shapes "
                         "(repeatable): mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N")

@@ -107,8 +107,10 @@ def test_counts_extrapolate_to_what_the_kernels_must_do(report):
     kernels = {e["kernel"]: e for e in chosen(call)}
     # each chunk's contribution x^T (dt, decay) @ B: 2 P N flops per token and head
     assert kernels["_chunk_state_kernel"]["model"]["dot_flops"] == pytest.approx(2 * P * N * TOKENS * H, rel=1e-9)
-    # the capture kernel works on 8 captures whatever the pass length, j = 16 (2k + 1) tokens each
-    tokens = sum(16 * (2 * k + 1) for k in range(8))
+    # the capture kernel works on 8 captures whatever the pass length, the first j = 16 (2k + 1)
+    # tokens of a chunk each, in whole blocks of BLOCK_K tokens (masked tokens still multiply)
+    block = int(kernels["_capture_kernel"]["constexprs"]["BLOCK_K"])
+    tokens = sum(-(-16 * (2 * k + 1) // block) * block for k in range(8))
     assert kernels["_capture_kernel"]["model"]["dot_flops"] == pytest.approx(2 * P * N * tokens * H, rel=1e-9)
     (decode,) = calls(data, "selective_state_update")
     (step,) = chosen(decode)
