@@ -93,11 +93,14 @@ def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
 
 
 def must_move_bytes(workload, shape, size: int) -> int:
-    """The bytes the call must move at least (bench.workloads' roofline formula); the conv calls
-    read x and write y once (plus states)."""
+    """The bytes the call must move at least: bench.workloads' roofline formula for the scans;
+    for the conv, x read and the output written once, the weights and bias read, and the conv
+    states written (prefill) or read and written (decode, one state per row), all bf16 but the
+    fp32 weights."""
     from .static_workloads import CONV_WIDTH, conv_dim
     if workload.name.startswith("causal_conv1d"):
-        return conv_dim(shape) * (size * 2 * 2 + 2 * (CONV_WIDTH - 1) * 2 + CONV_WIDTH * 4 + 4)
+        states = (1 if workload.kind == "prefill" else 2 * size) * (CONV_WIDTH - 1) * 2
+        return conv_dim(shape) * (size * 2 * 2 + states + CONV_WIDTH * 4 + 4)
     if workload.kind == "decode":
         return decode_bytes(shape, size, 2)
     return pass_bytes(shape, size, 1, 2, ncapture=workload.captures)
