@@ -25,6 +25,7 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import linecache  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -51,14 +52,34 @@ def hot_loop(entry_loops: list[model.LoopReport]) -> model.LoopReport | None:
     return max(counted, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
 
 
+def enclosing_for(where: str) -> str | None:
+    """The nearest `for` statement above a source line and less indented than it, as
+    '`for ...` (file:line)', or None."""
+    path, _, line = where.rpartition(":")
+    text = linecache.getline(path, int(line))
+    indent = len(text) - len(text.lstrip())
+    for n in range(int(line), max(int(line) - 200, 0), -1):
+        above = linecache.getline(path, n)
+        stripped = above.strip()
+        if stripped.startswith("for ") and (n == int(line) or len(above) - len(above.lstrip()) < indent):
+            return f"`{stripped}` ({os.path.basename(path)}:{n})"
+        if stripped.startswith(("def ", "@triton.jit")):
+            return None
+    return None
+
+
 def describe_loop(loop: model.LoopReport | None, size: int, kind: str) -> str:
+    """What the hot loop iterates over: iterations per program (per token when that is the pass
+    length) and the `for` statement its most frequent source line sits in."""
     if loop is None:
         return "no loop"
     n = loop.iterations_per_program
     what = f"{n:.4g} iterations/program"
     if kind == "prefill" and abs(n - size) <= 0.02 * size:
         what += " (one per token)"
-    return f"{what}; lines {', '.join(loop.lines[:2])}"
+    statement = next((s for s in map(enclosing_for, loop.lines) if s), None)
+    where = statement or ", ".join(os.path.basename(w) for w in loop.lines[:2])
+    return f"{what}: {where}"
 
 
 def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
