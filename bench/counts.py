@@ -77,6 +77,8 @@ def _install_counting(counter: _Counter):
     import numpy as np
     from triton.runtime import interpreter
 
+    from .sass import source_key
+
     builder = interpreter.interpreter_builder
     originals = {}
 
@@ -119,7 +121,7 @@ def _install_counting(counter: _Counter):
         keys = []
         while frame is not None:
             if frame.f_code in kernel_code:
-                keys.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+                keys.append(source_key(frame.f_code.co_filename, frame.f_lineno))
             frame = frame.f_back
         return "<".join(keys)
 

@@ -169,7 +169,7 @@ class LoopReport:
     issue_slots_per_iteration: float
     cycles_per_iteration: float  # one warp alone, in order (replay_cycles)
     iterations_per_program: float | None  # None: no source line of the loop was counted
-    lines: list[str]  # its most frequent source lines, file:line (full paths)
+    lines: list[str]  # its most frequent source lines, package/file.py:line
 
 
 @dataclass
@@ -220,7 +220,7 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     keys = {}
     for i in loop.instrs:
         if i.source:
-            key = f"{i.source[0]}:{i.source[1]}"
+            key = i.where.split("<")[0]
             keys[key] = keys.get(key, 0) + 1
     top = [k for k, _ in sorted(keys.items(), key=lambda kv: -kv[1])[:4]]
     if not counted:

@@ -45,8 +45,38 @@ class Instr:
 
     @property
     def where(self) -> str:
-        """'file:line<caller file:line<...' (full paths), the key bench.counts counts lines by."""
-        return "<".join(f"{file}:{line}" for file, line in self.chain)
+        """'file:line<caller file:line<...', the key bench.counts counts lines by (source_key)."""
+        return "<".join(source_key(file, line) for file, line in self.chain)
+
+
+@lru_cache(maxsize=None)
+def package_path(path: str) -> str:
+    """A source file's path from its top-level package down ('ssm_kernels/scan/triton_kernel.py'),
+    the same whichever checkout or install it sits in (a cubin from Triton's cache keeps the path
+    of the checkout that first compiled it; the source, and so the lines, are the same), or the
+    path itself outside a package."""
+    top, folder = None, os.path.dirname(path)
+    while os.path.exists(os.path.join(folder, "__init__.py")):
+        top, folder = folder, os.path.dirname(folder)
+    return os.path.relpath(path, os.path.dirname(top)) if top else path
+
+
+def source_key(path: str, line: int) -> str:
+    return f"{package_path(path)}:{line}"
+
+
+def local_source(key: str) -> tuple[str, int]:
+    """(path in this interpreter's import of the package, line) of a 'package/file.py:line' key."""
+    import importlib.util
+    path, _, line = key.rpartition(":")
+    package = path.split(os.sep)[0]
+    try:
+        spec = importlib.util.find_spec(package)
+        root = os.path.dirname(list(spec.submodule_search_locations)[0])
+        path = os.path.join(root, path)
+    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
+        pass
+    return path, int(line)
 
 
 @dataclass

@@ -45,23 +45,26 @@ MAX_SHARED_PER_BLOCK = 227 * 1024  # larger configs fail to launch (an autotuner
 
 
 def hot_loop(entry_loops: list[model.LoopReport]) -> model.LoopReport | None:
-    """The loop with the most issue slots over the call (iterations x slots per iteration)."""
-    counted = [lp for lp in entry_loops if lp.iterations_per_program is not None]
-    if not counted:
+    """The loop with the most issue slots over the call (iterations x slots per iteration); a loop
+    that was not counted comes first, so that the report shows it."""
+    if not entry_loops:
         return None
-    return max(counted, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
+    uncounted = [lp for lp in entry_loops if lp.iterations_per_program is None]
+    if uncounted:
+        return max(uncounted, key=lambda lp: lp.instructions)
+    return max(entry_loops, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
 
 
 def enclosing_for(where: str) -> str | None:
-    """The nearest `for` statement above a source line and less indented than it, as
-    '`for ...` (file:line)', or None."""
-    path, _, line = where.rpartition(":")
-    text = linecache.getline(path, int(line))
+    """The nearest `for` statement above a source line ('package/file.py:line') and less
+    indented than it, as '`for ...` (file:line)', or None."""
+    path, line = sass.local_source(where)
+    text = linecache.getline(path, line)
     indent = len(text) - len(text.lstrip())
-    for n in range(int(line), max(int(line) - 200, 0), -1):
+    for n in range(line, max(line - 200, 0), -1):
         above = linecache.getline(path, n)
         stripped = above.strip()
-        if stripped.startswith("for ") and (n == int(line) or len(above) - len(above.lstrip()) < indent):
+        if stripped.startswith("for ") and (n == line or len(above) - len(above.lstrip()) < indent):
             return f"`{stripped}` ({os.path.basename(path)}:{n})"
         if stripped.startswith(("def ", "@triton.jit")):
             return None
@@ -74,6 +77,8 @@ def describe_loop(loop: model.LoopReport | None, size: int, kind: str) -> str:
     if loop is None:
         return "no loop"
     n = loop.iterations_per_program
+    if n is None:
+        return f"NOT COUNTED (no source line of its SASS was counted): {', '.join(loop.lines[:2])}"
     what = f"{n:.4g} iterations/program"
     if kind == "prefill" and abs(n - size) <= 0.02 * size:
         what += " (one per token)"

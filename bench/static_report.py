@@ -78,6 +78,12 @@ def summary_lines(data: dict) -> list[str]:
         peer = c["peer"]
         rows.append([c["workload"], c["shape"], c["size"], c["time_ms"], f"{top['kernel']} ({top['model']['bound']})",
                      peer["time_ms"] if peer.get("available") else None, c["ratio_to_peer"]])
-    return [f"== bench.static: {LABEL} (triton {data['triton']}, {data['target']})",
-            text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "peer ms", "ours/peer"],
-                       rows)]
+    lines = [f"== bench.static: {LABEL} (triton {data['triton']}, {data['target']})",
+             text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "peer ms", "ours/peer"],
+                        rows)]
+    uncounted = sorted({e["label"] for c in data["calls"] for e in c["kernels"] + c["peer"].get("kernels", [])
+                        if any(lp["iterations_per_program"] is None for lp in e["model"]["loops"])})
+    if uncounted:
+        lines.append(f"WARNING: loops whose iterations were not counted (modelled as run once per program): "
+                     f"{', '.join(uncounted)}")
+    return lines

@@ -82,6 +82,14 @@ def test_every_launched_kernel_is_listed(report):
         assert [e["kernel"] for e in chosen(call)] == launched_kernels(fn), name
 
 
+def test_every_loop_was_counted(report):
+    data, _, stdout = report
+    for call in data["calls"]:
+        for e in call["kernels"]:
+            assert all(lp["iterations_per_program"] is not None for lp in e["model"]["loops"]), e["label"]
+    assert "WARNING" not in stdout
+
+
 def test_registers_are_the_binaries_and_ptxas_reports_the_same(report):
     data, _, _ = report
     for call in data["calls"]:
@@ -97,7 +105,7 @@ def test_the_recurrent_hot_loop_is_the_token_loop(report):
     hot = scan["hot_loop"]
     assert hot["instructions"] > 50 and hot["mix"]["total"] == hot["instructions"]
     assert hot["iterations_per_program"] == pytest.approx(TOKENS, rel=1e-6)
-    assert "(one per token)" in hot["what"] and "(one per token)" in md
+    assert "(one per token)" in hot["what"] and "(one per token)" in md and "`for " in hot["what"]
     assert scan["mma"] == "none" and scan["model"]["dot_flops"] == 0
 
 
