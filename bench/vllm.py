@@ -13,12 +13,15 @@ Configurations:
 - `vllm-none`: vLLM's own kernels, prefix caching off;
 - `vllm-align`: vLLM's own kernels, prefix caching on (vLLM's "align" Mamba cache mode);
 - `plugin-none`: the plugin, prefix caching off;
-- `plugin-align-tail`: the plugin with vLLM's capture policy (the prompt tail only);
+- `plugin-align-tail`: the plugin's kernels with vLLM's capture policy (the prompt tail, and a
+  pass cut at a shared-prefix junction);
+- `plugin-align-512`: the plugin capturing every 512 tokens and the junction, in-pass;
 - `plugin-align`: the plugin capturing every block end a prefill pass crosses.
 
 Traffic per round (a fresh random prompt each round; the first round is a warm-up, not reported):
 cold (900 tokens), warm (the same again), branch (the first 704 tokens, then new ones: it leaves
-the prompt before its tail) and turn 2 (the prompt, the reply, 180 new tokens). Block size 128,
+the prompt before its tail), branch2 (another branch at the same point) and turn 2 (the prompt,
+the reply, 180 new tokens). Block size 128,
 token budget 256 per step, so a 900-token prefill takes 4 passes. Per request: passes (engine
 steps until the first token), prefill seconds (one output token), cached tokens.
 """
@@ -43,10 +46,11 @@ CONFIGS = {
     "vllm-align": (False, True, None),
     "plugin-none": (True, False, None),
     "plugin-align-tail": (True, True, 0),
+    "plugin-align-512": (True, True, 512),
     "plugin-align": (True, True, None),
 }
 BLOCK, BUDGET, PROMPT, SHARED, TURN2_NEW, VOCAB = 128, 256, 900, 704, 180, 512
-REQUESTS = ("cold", "warm", "branch", "turn2")
+REQUESTS = ("cold", "warm", "branch", "branch2", "turn2")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +94,7 @@ def traffic(seed: int) -> dict[str, list[int]]:
     draw = lambda n: [rng.randrange(3, VOCAB) for _ in range(n)]
     prompt = draw(PROMPT)
     return {"cold": prompt, "warm": list(prompt), "branch": prompt[:SHARED] + draw(PROMPT - SHARED),
-            "turn2_new": draw(TURN2_NEW)}
+            "branch2": prompt[:SHARED] + draw(PROMPT - SHARED), "turn2_new": draw(TURN2_NEW)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +138,7 @@ def run_child(model: str, config: str, rounds: int, max_tokens: int, out: Path) 
 
         for r in range(rounds):
             prompts = traffic(seed=r)
-            reqs = {name: request(prompts[name]) for name in ("cold", "warm", "branch")}
+            reqs = {name: request(prompts[name]) for name in ("cold", "warm", "branch", "branch2")}
             reqs["turn2"] = request(prompts["cold"] + reqs["cold"]["tokens"] + prompts["turn2_new"])
             result["rounds"].append(reqs)
     except Exception as e:  # recorded: a configuration that crashes is a result here
@@ -173,10 +177,12 @@ def run_config(model_dir: Path, config: str, *, rounds: int, max_tokens: int, wo
 # The reference: transformers' greedy tokens and log-probs
 # ---------------------------------------------------------------------------------------------
 def transformers_greedy(model_dir: Path, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy continuation of `prompt` and each chosen token's log-prob (float64)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = _hf_models.get(model_dir) or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # In float64: the reference's own rounding then adds nothing to the comparison.
+    model = _hf_models.get(model_dir) or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     _hf_models[model_dir] = model
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, output_logits=True,
@@ -216,14 +222,13 @@ def report(results: list[dict], env: dict, out: Path) -> str:
         for name in REQUESTS:
             q = s.get(name)
             row += [q["passes"], q["cached"], q["seconds"]] if q else ["-", "-", "-"]
-        row += [s["warm"]["seconds"] / cold if s else None, s["branch"]["seconds"] / cold if s else None,
-                s["turn2"]["seconds"] / cold if s else None]
+        row += [s[name]["seconds"] / cold if s else None for name in REQUESTS[1:]]
         row.append(res["error"].split("\n")[0][:90] if res["error"] else "")
         rows.append(row)
     headers = ["model", "config"]
     for name in REQUESTS:
         headers += [f"{name} passes", f"{name} cached", f"{name} s"]
-    headers += ["warm/cold", "branch/cold", "turn2/cold", "error"]
+    headers += [f"{name}/cold" for name in REQUESTS[1:]] + ["error"]
     lines = header_lines(env, "vLLM with and without the plugin") + [
         f"- vLLM {env.get('vllm')}; block {BLOCK}, token budget {BUDGET}, prompt {PROMPT} tokens, "
         f"branch shares {SHARED}, turn 2 adds {TURN2_NEW}; medians over {env.get('rounds', 0) - 1} rounds "
@@ -265,7 +270,9 @@ def main(argv=None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = environment(device, reduced=False, quick=False)
     env.update(vllm=vllm.__version__, rounds=args.rounds, block_size=BLOCK, token_budget=BUDGET)
-    models = out / "models"
+    import tempfile
+
+    models = Path(tempfile.mkdtemp(prefix="bench-vllm-models-"))  # rebuilt from the seed; not kept
     results = []
     for kind_name in args.models:
         model_dir = build_model(kind_name, models / kind_name)

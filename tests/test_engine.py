@@ -271,3 +271,23 @@ def test_validation_names_the_argument():
     with pytest.raises(TypeError, match="batch must be a PrefillBatch"):
         engine.conv_prefill(engine.decode_batch(torch.tensor([0])), torch.randn(4, 5), torch.randn(4, 3),
                             conv_state=torch.zeros(2, 4, 2), out=torch.empty(4, 5))
+
+
+def test_a_capture_to_the_skip_slot_is_dropped():
+    """An engine proposes captures on the device and declines some by pointing them at the skip
+    slot (vLLM: a block-table entry left null): nothing is written for those."""
+    T, H, P, G, N = 20, 2, 4, 1, 8
+    x, dt, A = torch.randn(T, H, P), torch.randn(T, H), -(torch.rand(H) + 0.5)
+    B, C = torch.randn(T, G, N), torch.randn(T, G, N)
+    for backend in BACKENDS if not torch.cuda.is_available() else ["torch"]:
+        cache = torch.zeros(5, H, P, N)
+        conv_cache = torch.zeros(5, 12, 3)
+        batch = engine.prefill_batch(torch.tensor([0, T]), torch.tensor([0]), capture_seq=torch.tensor([0, 0]),
+                                     capture_offset=torch.tensor([8, 16]), capture_slot=torch.tensor([-1, 3]))
+        engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), backend=backend)
+        engine.conv_prefill(batch, torch.randn(12, T), torch.randn(12, 4), conv_state=conv_cache,
+                            out=torch.empty(12, T), backend=backend)
+        ref = mamba2_scan(x[None], dt[None], A, B[None], C[None], capture=[(0, 16)], backend=backend)
+        assert torch.equal(cache[3], ref.captured_states[0])
+        for slot in (1, 2, 4):
+            assert not cache[slot].any() and not conv_cache[slot].any(), f"{backend}: slot {slot} written"

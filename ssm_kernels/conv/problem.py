@@ -38,7 +38,7 @@ class ConvProblem:
             state_out[state_index[s]] (both then a pool of slots, possibly the same tensor).
         has_initial: (nseq,) bool or None: where False, sequence s starts from zero inputs.
         skip_slot: an int or None: a sequence whose state_index is skip_slot is not computed
-            and writes nothing.
+            and writes nothing; a capture whose row is skip_slot is not written.
     """
 
     x: torch.Tensor

@@ -39,7 +39,8 @@ def run_torch(p: ConvProblem) -> None:
         p.state_out[slot] = xin[:, length:]
         while c < len(captures) and captures[c][0] == s:
             _, k, row = captures[c]
-            p.captured[row] = xin[:, k:k + width - 1]
+            if p.skip_slot is None or row != p.skip_slot:
+                p.captured[row] = xin[:, k:k + width - 1]
             c += 1
         if length == 0:
             continue

@@ -113,7 +113,10 @@ def _conv_kernel(
                     b_cap = _load_inputs(p_x, s_x_t, p_init, s_init_k, offset - (WIDTH - 1) + o_w, m_d, m_w,
                                          m_init, WIDTH, HAS_INITIAL_STATE)
                     p_cap = captured_ptr + row * s_cap_r + o_d[:, None] * s_cap_d + o_w[None, :] * s_cap_k
-                    tl.store(p_cap, b_cap.to(captured_ptr.dtype.element_ty), mask=m_dw)
+                    m_cap = m_dw
+                    if HAS_SKIP:  # a capture whose destination is the skip slot is dropped
+                        m_cap = m_dw & (live & (row != skip_slot))
+                    tl.store(p_cap, b_cap.to(captured_ptr.dtype.element_ty), mask=m_cap)
             if HAS_STATE_INDEX:
                 # In place: the final state overwrites the slot the initial inputs came from, so
                 # every read of them (outputs, captures) must be done first.

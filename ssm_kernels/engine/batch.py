@@ -86,6 +86,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         capture_seq, capture_offset, capture_slot: (ncapture,) int32/int64, all or none: write the
             state of sequence capture_seq[i] after capture_offset[i] tokens of this pass into slot
             capture_slot[i] (0 <= offset <= the sequence's length), in the same pass. Any order.
+            A capture whose slot is skip_slot is dropped: an engine can propose captures on the
+            device and decline some without a host round trip.
         skip_slot: rows whose state_indices entry equals this are skipped (vLLM's PAD_SLOT_ID,
             -1, by default); None computes every row.
         nslots: the cache's slot count, for validation (optional).
@@ -157,14 +159,16 @@ def _validate_prefill(cu_seqlens, state_indices, capture_seq, capture_offset, ca
         raise ValueError("state_indices must be distinct (apart from skip_slot): two rows writing one slot would race")
     if capture_seq is None:
         return
-    cap_slots = capture_slot.tolist()
+    cap_slots = [s for s in capture_slot.tolist() if s != skip_slot]
     _check_slots("capture_slot", cap_slots, None, nslots)
     if len(set(cap_slots)) != len(cap_slots):
         raise ValueError("capture_slot must be distinct: two captures writing one slot would race")
     if set(cap_slots) & set(live):
         raise ValueError(f"capture_slot {sorted(set(cap_slots) & set(live))} is also a row's state slot; "
                          "a capture must not overwrite a state the pass reads")
-    for i, (s, k) in enumerate(zip(capture_seq.tolist(), capture_offset.tolist())):
+    for i, (s, k, slot) in enumerate(zip(capture_seq.tolist(), capture_offset.tolist(), capture_slot.tolist())):
+        if slot == skip_slot:
+            continue
         if not 0 <= s < len(lengths):
             raise ValueError(f"capture_seq[{i}] = {s} names no sequence (the pass has {len(lengths)})")
         if slots[s] == skip_slot:

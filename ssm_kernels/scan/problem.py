@@ -52,7 +52,7 @@ class ScanProblem:
         state_out_index: (nseq,) int64 or None: sequence s writes state_out[state_out_index[s]]
             (default: state_index).
         skip_slot: an int or None: a sequence whose state_index is skip_slot is not computed
-            and writes nothing.
+            and writes nothing; a capture whose row is skip_slot is not written.
         State tensors (state_in, state_out, captured) may then be float32, float16 or bfloat16:
         the state is loaded into float32 and rounded to the tensor's dtype on store.
     """

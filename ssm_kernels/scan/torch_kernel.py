@@ -68,7 +68,8 @@ def run_torch(p: ScanProblem) -> None:
             state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
         for k in range(length + 1):
             while c < len(captures) and captures[c][:2] == (s, k):
-                p.captured[captures[c][2]].copy_(state)
+                if p.skip_slot is None or captures[c][2] != p.skip_slot:
+                    p.captured[captures[c][2]].copy_(state)
                 c += 1
             if k == length:
                 break

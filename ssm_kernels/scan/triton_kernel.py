@@ -141,8 +141,11 @@ def _scan_kernel(
                              b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
                              HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE)
             row = tl.load(cap_row_ptr + c)
+            m_cap = m_store
+            if HAS_SKIP:  # a capture whose destination is the skip slot is dropped
+                m_cap = m_store & (live & (row != skip_slot))
             p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n
-            tl.store(p_cap, state.to(captured_ptr.dtype.element_ty), mask=m_store)
+            tl.store(p_cap, state.to(captured_ptr.dtype.element_ty), mask=m_cap)
             done = offset
     state = _advance(state, done, length, p_x, p_dt, p_B, p_C, p_z, p_y,
                      s_x_t, s_dt_t, s_B_t, s_C_t, s_z_t, s_y_t,

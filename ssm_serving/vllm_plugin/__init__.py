@@ -11,7 +11,8 @@ plugins as usual, and `SSM_KERNELS_VLLM=0` turns this one off. What it changes:
   checkpoint) and Mamba-1 models run at all (the CPU build has no Mamba-1 scan).
 - In prefix-caching ("align") mode, every block end a prefill pass crosses is captured in that
   pass into its own cache block, which the prefix cache keeps (captures.py has the policy); vLLM
-  keeps only the prompt's tail. Mamba-1 layers get vLLM's in-pass tail checkpoint too.
+  keeps only the prompt's tail. Mamba-1 layers get vLLM's in-pass tail checkpoint too, and no
+  pass is cut at a shared-prefix junction any more (its state is captured in-pass instead).
 
 It checks vLLM's version and the signatures it patches; where they differ from what it was
 written against it leaves vLLM as it is and logs one warning.
@@ -50,6 +51,7 @@ def check_compatible() -> str | None:
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionMetadataBuilder
     from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadata, Mamba2AttentionMetadataBuilder
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
     expected = [
@@ -60,6 +62,8 @@ def check_compatible() -> str | None:
          ["self", "request_id", "num_tokens", "new_computed_blocks", "total_computed_tokens",
           "num_local_computed_tokens", "num_tokens_main_model", "apply_admission_cap", "prefill_end"]),
         (Mamba2AttentionMetadataBuilder.update_block_table, ["self", "metadata", "blk_table", "slot_mapping"]),
+        (Scheduler._mamba_block_aligned_split, ["self", "request", "num_new_tokens", "num_new_local_computed_tokens",
+                                                "num_external_computed_tokens"]),
         (Mamba1AttentionMetadataBuilder.build, ["self", "common_prefix_len", "common_attn_metadata",
                                                 "fast_build", "kwargs"]),
     ]
@@ -99,6 +103,7 @@ def install() -> bool:
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionMetadataBuilder
     from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -121,6 +126,7 @@ def install() -> bool:
 
     MambaMixer.get_kv_cache_spec = mamba1_kv_cache_spec
     captures.patch_manager(MambaManager)
+    captures.patch_scheduler(Scheduler)
     captures.patch_builder(Mamba2AttentionMetadataBuilder)
     captures.patch_builder(Mamba1AttentionMetadataBuilder)
     _state["installed"] = True

@@ -4,23 +4,29 @@ vLLM keeps one Mamba state per request per step: the running state at the chunk 
 in-pass checkpoint at the prompt's block-floored tail. The states at the other block ends a pass
 crosses are never materialised (their block-table entries are the null block), so a request that
 shares a prefix but leaves it before the tail finds nothing to restore. With in-pass captures
-those states cost no extra pass, only a cache block each. This module:
+those states cost no extra pass, only a cache block each. The scheduler decides, the worker
+follows the block table, so the two never disagree:
 
-- MambaManager (scheduler side): gives each block end a prefill step crosses a real block
-  instead of the null block, counts it in admission, and lets the prefix cache keep it
-  (retention mask);
-- the Mamba metadata builders (worker side): list the step's captures, (prefill row, offset into
-  its query, block-table entry), from the same rule, plus vLLM's own tail checkpoint (which
-  Mamba-1 layers get too: their kv-cache spec asks for it, as vLLM's Mamba-2 layer does).
+- MambaManager (scheduler side) gives a real block instead of the null block to the block ends
+  the policy keeps, counts them in admission, and lets the prefix cache keep them (retention
+  mask);
+- the Mamba metadata builders (worker side) propose a capture at every block end strictly inside
+  each prefill row's chunk, plus vLLM's own tail checkpoint (which Mamba-1 layers get too: their
+  kv-cache spec asks for it, as vLLM's Mamba-2 layer does), into that column's block-table entry;
+  an entry left null becomes the skip slot and the kernels drop that capture (no host round trip);
+- the scheduler no longer ends a pass at a shared-prefix junction (vLLM's Marconi-style stop,
+  which costs a pass to save the state there): the manager keeps the junction's block end and
+  the pass captures it.
 
-Memory policy: a capture every `interval` tokens (the env SSM_KERNELS_VLLM_CAPTURE_INTERVAL,
-a multiple of the block size; default the block size: every block end; 0: vLLM's own policy).
-Captured blocks are ordinary prefix-cache blocks: once the pass has written them and the request
-has moved on they return to the free pool with their hash (evicted least-recently-used, like
+Memory policy: a state every `interval` tokens (the env SSM_KERNELS_VLLM_CAPTURE_INTERVAL, a
+multiple of the block size; default the block size: every block end; 0: vLLM's own policy, the
+tail and junction only), plus the block-floored junction vLLM detects for a request. Captured
+blocks are ordinary prefix-cache blocks: once the pass has written them and the request has moved
+past them they return to the free pool with their hash (evicted least-recently-used, like
 attention pages), so they never hold memory a running request needs. While a step runs, a
-request holds at most ceil(chunk / interval) more blocks per Mamba cache group than vLLM's own.
-Off (vLLM's behaviour) with speculative decoding, with hash blocks finer than cache blocks, and
-outside align mode.
+request holds at most ceil(chunk / interval) + 1 more blocks per Mamba cache group than vLLM's
+own. Off (vLLM's behaviour) with speculative decoding, with hash blocks finer than cache blocks,
+and outside align mode.
 """
 from __future__ import annotations
 
@@ -66,16 +72,25 @@ def _spec_active(spec) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Scheduler side: MambaManager
 # ---------------------------------------------------------------------------------------------
+def manager_active(mgr) -> bool:
+    return _spec_active(mgr.kv_cache_spec) and mgr.block_pool.hash_block_size == mgr.block_size
+
+
 def _manager_interval(mgr) -> int:
-    if not _spec_active(mgr.kv_cache_spec) or mgr.block_pool.hash_block_size != mgr.block_size:
-        return 0
-    return capture_interval(mgr.block_size)
+    return capture_interval(mgr.block_size) if manager_active(mgr) else 0
 
 
 def _extra_columns(mgr, request_id: str, prev_len: int, num_tokens: int) -> list[int]:
-    cols = block_end_columns(prev_len, num_tokens, mgr.block_size, _manager_interval(mgr))
+    """The null columns this step appends that the policy turns into real blocks."""
+    bs, interval = mgr.block_size, _manager_interval(mgr)
+    if not interval:
+        return []  # vLLM's own policy
+    cols = set(block_end_columns(prev_len, num_tokens, bs, interval))
+    junction = getattr(mgr, "_ssm_junctions", {}).get(request_id, 0) // bs * bs
+    if junction and prev_len <= junction // bs - 1 < _cdiv(num_tokens, bs) - 1:
+        cols.add(junction // bs - 1)
     checkpoint = mgr._checkpoints.get(request_id)  # vLLM reserves a real block there itself
-    return [c for c in cols if checkpoint is None or c != checkpoint[1]]
+    return sorted(c for c in cols if checkpoint is None or c != checkpoint[1])
 
 
 def patch_manager(MambaManager) -> None:
@@ -87,14 +102,14 @@ def patch_manager(MambaManager) -> None:
                                    num_local_computed_tokens, num_tokens_main_model, *args, **kwargs):
         n = get_num(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
                     num_local_computed_tokens, num_tokens_main_model, *args, **kwargs)
-        if n > self.block_pool.num_gpu_blocks or not _manager_interval(self):
+        if n > self.block_pool.num_gpu_blocks or not manager_active(self):
             return n  # vLLM's "not now" answer, or the policy is off
         prev_len = len(self.req_to_blocks[request_id]) + len(new_computed_blocks)
         return n + len(_extra_columns(self, request_id, prev_len, num_tokens_main_model))
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
         blocks = allocate(self, request_id, num_tokens, num_tokens_main_model)
-        if not blocks or not _manager_interval(self):
+        if not blocks or not manager_active(self):
             return blocks
         req_blocks = self.req_to_blocks[request_id]
         start = len(req_blocks) - len(blocks)
@@ -121,6 +136,13 @@ def patch_manager(MambaManager) -> None:
                     result[i - start_block] = True
         return result
 
+    free = MambaManager.pop_blocks_for_free
+
+    def pop_blocks_for_free(self, request_id):
+        getattr(self, "_ssm_junctions", {}).pop(request_id, None)
+        return free(self, request_id)
+
+    MambaManager.pop_blocks_for_free = pop_blocks_for_free
     MambaManager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
     MambaManager.allocate_new_blocks = allocate_new_blocks
     MambaManager.reachable_block_mask = classmethod(reachable_block_mask)
@@ -129,12 +151,9 @@ def patch_manager(MambaManager) -> None:
 # ---------------------------------------------------------------------------------------------
 # Worker side: the metadata builders
 # ---------------------------------------------------------------------------------------------
-def _builder_interval(builder) -> int:
-    cache_config = builder.vllm_config.cache_config
+def _builder_active(builder) -> bool:
     spec = builder.kv_cache_spec
-    if not _spec_active(spec) or cache_config.hash_block_size != spec.block_size:
-        return 0
-    return capture_interval(spec.block_size)
+    return _spec_active(spec) and builder.vllm_config.cache_config.hash_block_size == spec.block_size
 
 
 def _tail_checkpoint(builder, md, common, rows):
@@ -164,7 +183,7 @@ def attach_captures(builder, md, common) -> None:
     rows = list(range(first, common.num_reqs))
     seq_lens = common.seq_lens_cpu_upper_bound.tolist()
     starts = common.query_start_loc_cpu.tolist()
-    interval = _builder_interval(builder)
+    interval = bs if _builder_active(builder) else 0  # propose every block end; the scheduler picks
     entries = {}  # (prefill row, offset) -> (request row, column)
     for i, r in enumerate(rows):
         seq_len = seq_lens[r]
@@ -192,20 +211,18 @@ def step_captures(md):
     slots = getattr(md, "_ssm_capture_slots", None)
     if cap is None or slots is None:
         return None, None, None
-    seq, offset = cap[0], cap[1]
-    if slots.device.type == "cpu":
-        # A column the scheduler left null (an admission it could not extend) is not captured.
-        keep = slots != 0
-        if not bool(keep.all()):
-            seq, offset, slots = seq[keep], offset[keep], slots[keep]
-            if seq.numel() == 0:
-                return None, None, None
-    return seq, offset, slots
+    return cap[0], cap[1], slots
 
 
 def gather_slots(md, block_table: torch.Tensor) -> None:
+    """The proposed captures' block-table entries; a null entry (NULL_BLOCK_ID, 0: the
+    scheduler kept no state there) becomes PAD_SLOT_ID, which the kernels skip."""
     cap = getattr(md, "_ssm_capture", None)
-    md._ssm_capture_slots = None if cap is None else block_table[cap[2], cap[3]].long()
+    if cap is None:
+        md._ssm_capture_slots = None
+        return
+    slots = block_table[cap[2], cap[3]].long()
+    md._ssm_capture_slots = torch.where(slots == 0, torch.full_like(slots, -1), slots)
 
 
 def patch_builder(builder_cls) -> None:
@@ -227,3 +244,30 @@ def patch_builder(builder_cls) -> None:
 
     builder_cls.build = build_with_captures
     builder_cls.update_block_table = update_block_table_with_captures
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler: no pass cut at a shared-prefix junction
+# ---------------------------------------------------------------------------------------------
+def patch_scheduler(Scheduler) -> None:
+    split = Scheduler._mamba_block_aligned_split
+
+    def mamba_block_aligned_split(self, request, num_new_tokens, *args, **kwargs):
+        junction = request.shared_prefix_boundary
+        managers = [m for m in self.kv_cache_manager.coordinator.single_type_managers
+                    if hasattr(m, "_checkpoints") and _manager_interval(m)]
+        # vLLM stops a pass at the block-floored junction unless it is configured to stop at the
+        # exact (sub-block) junction; the managers here keep that block end's state in-pass.
+        if not junction or not managers or self.mamba_shared_prefix_checkpoint:
+            return split(self, request, num_new_tokens, *args, **kwargs)
+        for m in managers:
+            if not hasattr(m, "_ssm_junctions"):
+                m._ssm_junctions = {}
+            m._ssm_junctions[request.request_id] = junction
+        request.shared_prefix_boundary = 0
+        try:
+            return split(self, request, num_new_tokens, *args, **kwargs)
+        finally:
+            request.shared_prefix_boundary = junction
+
+    Scheduler._mamba_block_aligned_split = mamba_block_aligned_split
