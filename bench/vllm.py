@@ -128,11 +128,11 @@ def run_child(model: str, config: str, rounds: int, max_tokens: int, out: Path) 
 
         def request(tokens):
             steps["n"] = 0
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)[0]
-            seconds = time.perf_counter() - t
+            seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - c
             gen = out.outputs[0]
-            return {"prompt": tokens, "tokens": list(gen.token_ids), "seconds": seconds,
+            return {"prompt": tokens, "tokens": list(gen.token_ids), "seconds": seconds, "cpu_seconds": cpu_seconds,
                     "logprobs": [lp[t].logprob for lp, t in zip(gen.logprobs, gen.token_ids)],
                     "cached": out.num_cached_tokens, "passes": steps["n"] - (len(gen.token_ids) - 1)}
 
@@ -207,6 +207,7 @@ def summarize(result: dict) -> dict:
         if reqs:
             summary[name] = {"passes": statistics.median(q["passes"] for q in reqs),
                              "seconds": statistics.median(q["seconds"] for q in reqs),
+                             "cpu_seconds": statistics.median(q["cpu_seconds"] for q in reqs),
                              "cached": statistics.median(q["cached"] for q in reqs)}
     return summary
 
@@ -214,26 +215,29 @@ def summarize(result: dict) -> dict:
 def report(results: list[dict], env: dict, out: Path) -> str:
     from .common import header_lines, markdown_table
 
-    rows = []
+    rows, times = [], []
     for res in results:
         s = summarize(res) if not res["error"] else {}
-        cold = s.get("cold", {}).get("seconds")
         row = [res["model"], res["config"]]
         for name in REQUESTS:
             q = s.get(name)
-            row += [q["passes"], q["cached"], q["seconds"]] if q else ["-", "-", "-"]
-        row += [s[name]["seconds"] / cold if s else None for name in REQUESTS[1:]]
+            row += [f"{q['passes']:g} / {q['cached']:g}"] if q else ["-"]
         row.append(res["error"].split("\n")[0][:90] if res["error"] else "")
         rows.append(row)
-    headers = ["model", "config"]
-    for name in REQUESTS:
-        headers += [f"{name} passes", f"{name} cached", f"{name} s"]
-    headers += [f"{name}/cold" for name in REQUESTS[1:]] + ["error"]
+        if s:
+            cold, cold_cpu = s["cold"]["seconds"], s["cold"]["cpu_seconds"]
+            times.append([res["model"], res["config"], cold, cold_cpu]
+                         + [f"{s[n]['seconds'] / cold:.2f} / {s[n]['cpu_seconds'] / cold_cpu:.2f}" for n in REQUESTS[1:]])
+    headers = ["model", "config"] + [f"{name}: passes / cached" for name in REQUESTS] + ["error"]
+    time_headers = ["model", "config", "cold s", "cold CPU s"] + [f"{n}/cold (wall / CPU)" for n in REQUESTS[1:]]
     lines = header_lines(env, "vLLM with and without the plugin") + [
         f"- vLLM {env.get('vllm')}; block {BLOCK}, token budget {BUDGET}, prompt {PROMPT} tokens, "
         f"branch shares {SHARED}, turn 2 adds {TURN2_NEW}; medians over {env.get('rounds', 0) - 1} rounds "
-        "after a warm-up round; seconds are one request's wall time for its prefill (one output token)",
-        "", markdown_table(headers, rows), ""]
+        "after a warm-up round; one output token per request",
+        "", "Prefill passes (engine steps to the first token) and cached tokens (exact, deterministic):", "",
+        markdown_table(headers, rows), "",
+        "Prefill time: cold seconds (wall and process CPU time), then each request's time as a ratio to "
+        "cold. " + env.get("time_note", ""), "", markdown_table(time_headers, times), ""]
     text = "\n".join(lines)
     (out / "vllm.md").write_text(text)
     return text
@@ -250,7 +254,8 @@ def main(argv=None) -> int:
     child.add_argument("--json", required=True, type=Path)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per configuration, the first a warm-up")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per configuration, the first a warm-up")
+    parser.add_argument("--time-note", default="", help="a sentence on the machine's load, for the report")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.cmd == "child":
@@ -269,7 +274,9 @@ def main(argv=None) -> int:
     out = args.out or REPO_ROOT / "bench" / "results" / f"{_dt.date.today().isoformat()}-vllm-{kind}"
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = environment(device, reduced=False, quick=False)
-    env.update(vllm=vllm.__version__, rounds=args.rounds, block_size=BLOCK, token_budget=BUDGET)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    env.update(vllm=vllm.__version__, rounds=args.rounds, block_size=BLOCK, token_budget=BUDGET,
+               load_average_at_start=load, time_note=args.time_note)
     import tempfile
 
     models = Path(tempfile.mkdtemp(prefix="bench-vllm-models-"))  # rebuilt from the seed; not kept
@@ -284,6 +291,7 @@ def main(argv=None) -> int:
                     q.pop("prompt", None)
             results.append(res)
             print(f"{kind_name} {config}: {res['summary'] or res['error'].splitlines()[0]}", flush=True)
+    env["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     write_json(out / "vllm.json", {"environment": env, "results": results})
     print(report(results, env, out))
     return 0
