@@ -125,6 +125,10 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     if validate:
         _validate_prefill(cu_seqlens, state_indices, capture_seq if ncap else None, capture_offset,
                           capture_slot, skip_slot, nslots)
+    # The kernels index these by row: make them dense (a no-op for the usual contiguous tensors).
+    state_indices = state_indices.contiguous()
+    if has_initial_state is not None:
+        has_initial_state = has_initial_state.contiguous()
     # The kernels read lengths from cu_seqlens on the device; the host list here only carries the
     # count (and, on the host path, the true lengths).
     if device.type == "cpu" or validate:
@@ -132,7 +136,7 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     else:
         lengths = [0] * nseq
-    cu = cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.long()
+    cu = (cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.long()).contiguous()
     seqs = Sequences(cu, lengths, varlen=True)
     if ncap:
         total = lengths and max(sum(lengths), 0)
@@ -217,4 +221,5 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
             raise ValueError("the rows' destination slots must be distinct: two rows writing one slot would race")
     cu = torch.arange(batch + 1, dtype=torch.int64, device=device)
     seqs = Sequences(cu, [1] * batch, varlen=False)
-    return DecodeBatch(seqs, state_indices, dst_state_indices, _no_captures(batch, device), skip_slot)
+    dst = None if dst_state_indices is None else dst_state_indices.contiguous()
+    return DecodeBatch(seqs, state_indices.contiguous(), dst, _no_captures(batch, device), skip_slot)
