@@ -21,6 +21,7 @@ Policies (names shared with the kernels, the CLI and the benchmarks):
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -34,6 +35,10 @@ from .rules import (
 )
 
 POLICIES = ("legacy", "split", "inpass", "free")
+# A plan lists every pass and capture: beyond these counts it is refused rather than built, so that
+# an absurd prompt length or rule answers at once instead of running out of time or memory.
+MAX_PASSES = 100_000
+MAX_CAPTURES = 100_000
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ def plan_prefill(
             f"with branch_points {list(branch_points)}"
         )
 
+    _check_plan_size(total, start, block_size, budget, interval, policy)
     split = tail_split_point(total, block_size)
     spans = _pass_spans(total, start, block_size, budget, first_budget, policy, split)
 
@@ -203,7 +209,7 @@ def plan_prefill(
     passes = []
     for pass_start, length in spans:
         end = pass_start + length
-        captures = tuple(sorted(p for p in wanted if pass_start < p <= end))
+        captures = tuple(wanted[bisect.bisect_right(wanted, pass_start):bisect.bisect_right(wanted, end)])
         saves_end = (
             policy != "free"
             and end < total
@@ -213,6 +219,34 @@ def plan_prefill(
     return PrefillPlan(
         total=total, start=start, block_size=block_size, policy=policy, passes=passes
     )
+
+
+def _check_plan_size(total: int, start: int, block_size: int, budget: int, interval: int, policy: str) -> None:
+    """Refuse a plan that would list more than MAX_PASSES passes or MAX_CAPTURES interval captures,
+    from bounds computed without listing them.
+
+    Under legacy and free every pass but the first and the last is ``budget`` long. Under split
+    and inpass a pass is either ``budget`` long or ends on a block boundary, and a pass that
+    starts on a boundary is at least ``budget`` floored to whole blocks long (``budget`` when
+    that is below one block), so any two passes cover at least that; the first pass, the pass cut
+    at the split point and the last add at most three.
+    """
+    tokens = total - start
+    if policy in ("legacy", "free"):
+        most_passes = -(-tokens // budget) + 2
+    else:
+        covered = budget if budget < block_size else budget // block_size * block_size
+        most_passes = 2 * -(-tokens // covered) + 3
+    if most_passes > MAX_PASSES:
+        raise ValueError(f"prefilling {tokens} tokens at a budget of {budget} could take up to {most_passes} passes, "
+                         f"more than the {MAX_PASSES} a plan may list: raise budget")
+    if policy == "free" and interval > 0:
+        step = interval * block_size
+        captures = max(0, (total - 1) // step - start // step)
+        if captures > MAX_CAPTURES:
+            raise ValueError(f"interval snapshots every {step} tokens (interval {interval} x block_size {block_size}) "
+                             f"over {tokens} tokens would be {captures} in-pass captures, more than the "
+                             f"{MAX_CAPTURES} a plan may list: raise interval")
 
 
 def _check_branch_points(branch_points: Iterable[int], total: int) -> tuple[int, ...]:

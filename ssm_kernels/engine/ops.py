@@ -15,7 +15,8 @@ import math
 
 import torch
 
-from .._common import FLOAT_DTYPES, check_dt_limit, check_same_device, check_tensor, resolve_backend
+from .._common import (FLOAT_DTYPES, check_dt_limit, check_inplace_target, check_same_device, check_tensor,
+                       resolve_backend)
 from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
 from ..conv.triton_kernel import run_triton as run_conv_triton
@@ -35,6 +36,7 @@ def _check_out(name, out, shape, dtype):
 
 def _check_cache(name, cache, dims):
     check_tensor(name, cache, [("nslots", None)] + dims, FLOAT_DTYPES)
+    check_inplace_target(name, cache)
 
 
 def _per_row(t, nheads, headdim):
