@@ -197,9 +197,12 @@ def attach_captures(builder, md, common) -> None:
                 entries.setdefault((i, offset), (rows[i], _cdiv(seq_lens[rows[i]], bs) - 2))
     if not entries:
         return
+    from vllm.utils.torch_utils import async_tensor_h2d
+
     device = common.block_table_tensor.device
     keys = sorted(entries)
-    tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=device)
+    # Built on pinned host memory and copied without blocking, as vLLM builds its own metadata.
+    tensor = lambda values: async_tensor_h2d(values, dtype=torch.int64, device=device)
     seq, offset = tensor([i for i, _ in keys]), tensor([k for _, k in keys])
     req_rows, cols = tensor([entries[k][0] for k in keys]), tensor([entries[k][1] for k in keys])
     md._ssm_capture = (seq, offset, req_rows, cols)
