@@ -64,6 +64,14 @@ def check_compatible() -> str | None:
         (Mamba2AttentionMetadataBuilder.update_block_table, ["self", "metadata", "blk_table", "slot_mapping"]),
         (Scheduler._mamba_block_aligned_split, ["self", "request", "num_new_tokens", "num_new_local_computed_tokens",
                                                 "num_external_computed_tokens"]),
+        (Mamba2AttentionMetadataBuilder.build, ["self", "common_prefix_len", "common_attn_metadata", "fast_build",
+                                                "kwargs"]),
+        (Mamba1AttentionMetadataBuilder.update_block_table, ["self", "metadata", "blk_table", "slot_mapping"]),
+        (MambaManager.pop_blocks_for_free, ["self", "request_id"]),
+        (MambaManager.reachable_block_mask, ["start_block", "end_block", "alignment_tokens", "kv_cache_spec",
+                                             "use_eagle", "retention_interval", "reachable_boundaries",
+                                             "dcp_world_size", "final_segment_end_block"]),
+        (MambaMixer.get_kv_cache_spec, ["self", "vllm_config"]),
         (Mamba1AttentionMetadataBuilder.build, ["self", "common_prefix_len", "common_attn_metadata",
                                                 "fast_build", "kwargs"]),
     ]
@@ -78,6 +86,12 @@ def check_compatible() -> str | None:
     for name in ("split_hidden_states_B_C_fn", "tped_intermediate_size", "tped_conv_size", "tped_dt_size"):
         if name not in inspect.getsource(MambaMixer2.__init__):
             return f"MambaMixer2 no longer sets {name}"
+    manager_source = inspect.getsource(MambaManager)
+    for name in ("self._checkpoints", "self.req_to_blocks", "is_null"):
+        if name not in manager_source:
+            return f"MambaManager no longer uses {name}"
+    if "shared_prefix_boundary" not in inspect.getsource(Scheduler._mamba_block_aligned_split):
+        return "the scheduler's block-aligned split no longer reads request.shared_prefix_boundary"
     return None
 
 
