@@ -1,4 +1,4 @@
-"""The chunked Mamba-2 scan: a fast, non-exact path of mamba2_scan (algorithm="chunked").
+"""The chunked Mamba-2 scan: the fast path of mamba2_scan for long passes (algorithm="chunked").
 
 Algorithms of mamba2_scan:
 - "recurrent" (the default): one token at a time, exact. Any split into passes, any batching and
@@ -6,10 +6,13 @@ Algorithms of mamba2_scan:
 - "chunked": the SSD algorithm (matmuls inside chunks of `chunk_size` tokens, states passed
   between chunks), as in mamba_ssm's mamba_chunk_scan_combined, but it also returns the state at
   any offset, not just at chunk boundaries. Captures cost O(chunk) work each and never change y or
-  the final states (bit-identical with and without them). It is NOT bit-identical across splits:
-  its rounding depends on the chunk grid, which restarts at each pass and sequence start, so a
-  warm restore from a captured state matches the cold run to rounding (within the accuracy
-  below), not bitwise.
+  the final states (bit-identical with and without them).
+  The chunk grid is fixed by absolute positions: boundaries at the multiples of chunk_size, with
+  each sequence's first token at `start_positions[s]` (default 0). A pass that starts at a
+  multiple of chunk_size (from the state at that position: a captured or final state of an
+  earlier pass) computes every chunk as one longer pass does, so its y, final and captured states
+  are bit-identical to that pass's, on each backend. A pass that starts off the grid has a
+  shorter first chunk, other rounding, and matches to within the accuracy below, not bitwise.
   Accuracy against float64 (RMS-relative): float32 inputs use full-precision (IEEE fp32, no tf32)
   matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in their dtype with fp32
   accumulation and stay within 1e-2. Intermediate and returned states are float32.
@@ -70,11 +73,43 @@ def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
     return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
 
 
-def run(problem, backend: str, chunk_size: int) -> None:
+def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
+    """None -> zeros; otherwise one int >= 0 per sequence (a sequence of ints or a 1-D int tensor)."""
+    if start_positions is None:
+        return [0] * seqs.count
+    if isinstance(start_positions, torch.Tensor):
+        if start_positions.dtype.is_floating_point or start_positions.dtype.is_complex \
+                or start_positions.dtype == torch.bool or start_positions.ndim != 1:
+            raise TypeError(f"start_positions must be a 1-D integer tensor, got dtype {start_positions.dtype} "
+                            f"and shape {tuple(start_positions.shape)}")
+        values = start_positions.tolist()
+    else:
+        try:
+            values = list(start_positions)
+        except TypeError:
+            raise TypeError(f"start_positions must be a sequence of ints, one per sequence, got "
+                            f"{type(start_positions).__name__}") from None
+    if len(values) != seqs.count:
+        raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
+    positions = []
+    for s, value in enumerate(values):
+        if isinstance(value, bool):
+            raise TypeError(f"start_positions[{s}] must be an int, got {value!r}")
+        try:
+            position = operator.index(value)
+        except TypeError:
+            raise TypeError(f"start_positions[{s}] must be an int, got {type(value).__name__}") from None
+        if position < 0:
+            raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
+        positions.append(position)
+    return positions
+
+
+def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
     """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend."""
-    plan = make_plan(problem.seqs, problem.captures, chunk_size, problem.x.device)
+    plan = make_plan(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
     (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkPlan",
-           "check_chunk_size", "resolve_algorithm", "run"]
+           "check_chunk_size", "check_start_positions", "resolve_algorithm", "run"]
