@@ -44,9 +44,10 @@ from .plan import ChunkPlan
 
 @triton.jit
 def _round(a, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """fp32 `a` rounded to DOT_DTYPE (to nearest even), kept in fp32. Under the interpreter
-    (EMULATE) bfloat16 is rounded by bit arithmetic: its fp32 -> bfloat16 cast truncates, the
-    GPU's rounds to nearest."""
+    """`a` rounded to DOT_DTYPE (to nearest even), as fp32. Under the interpreter (EMULATE)
+    bfloat16 is rounded by bit arithmetic: its fp32 -> bfloat16 cast truncates, the GPU's rounds
+    to nearest."""
+    a = a.to(tl.float32)
     if DOT_DTYPE == tl.float32:
         out = a
     elif EMULATE and DOT_DTYPE == tl.bfloat16:
@@ -60,11 +61,12 @@ def _round(a, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
 
 @triton.jit
 def _dot(a, b, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """a @ b of two fp32 tiles, accumulated in fp32, operands rounded to DOT_DTYPE (float32: IEEE,
-    no tf32). EMULATE (the interpreter's tl.dot multiplies the raw bits of bfloat16 operands)
-    multiplies the rounded operands in fp32: the same products, exact in fp32."""
+    """a @ b, accumulated in fp32, operands (fp32, or already in DOT_DTYPE as loaded: no round
+    trip through fp32 registers) rounded to DOT_DTYPE (float32: IEEE, no tf32). EMULATE (the
+    interpreter's tl.dot multiplies the raw bits of bfloat16 operands) multiplies the rounded
+    operands in fp32: the same products, exact in fp32."""
     if DOT_DTYPE == tl.float32:
-        out = tl.dot(a, b, input_precision="ieee")
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif EMULATE:
         out = tl.dot(_round(a, DOT_DTYPE, EMULATE), _round(b, DOT_DTYPE, EMULATE), input_precision="ieee")
     else:
@@ -95,7 +97,7 @@ def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
         b_xT = tl.load(p_x + o_p[:, None] * s_x_p + o_k[None, :] * s_x_t,
                        mask=m_p[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BP, BK]
         b_B = tl.load(p_B + o_k[:, None] * s_B_t + o_n[None, :] * s_B_n,
-                      mask=m_k[:, None] & m_n[None, :], other=0.0).to(tl.float32)  # [BK, BN]
+                      mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BK, BN]
         acc += _dot(b_xT * b_w[None, :], b_B, DOT_DTYPE, EMULATE)
     return acc
 
@@ -143,9 +145,9 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
         for d0 in range(0, dstate, BLOCK_D):
             m_d = d0 + o_d < dstate
             b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=(o_m < n_tok)[:, None] & m_d[None, :],
-                          other=0.0).to(tl.float32)  # [BM, BD]
+                          other=0.0)  # [BM, BD]
             b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :],
-                           other=0.0).to(tl.float32)  # [BD, BK]
+                           other=0.0)  # [BD, BK]
             acc += _dot(b_C, b_BT, DOT_DTYPE, EMULATE)
         p_cb = cb_ptr + (i_c * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
         tl.store(p_cb, _round(acc, DOT_DTYPE, EMULATE).to(p_cb.dtype.element_ty))
@@ -240,7 +242,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
             m_d = d0 + o_d < dstate
             b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=m_m[:, None] & m_d[None, :], other=0.0)
             b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None], mask=m_d[:, None] & m_p[None, :], other=0.0)  # [BD, BP]
-            acc += _dot(b_C.to(tl.float32), b_S0T.to(tl.float32), DOT_DTYPE, EMULATE)
+            acc += _dot(b_C, b_S0T, DOT_DTYPE, EMULATE)
         acc *= tl.exp(b_cs_m)[:, None]
 
         # Intra-chunk term, source blocks strictly below the diagonal: every token valid, causal.
@@ -248,7 +250,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
             o_k = k0 + o_j
             b_w = tl.load(p_cb + o_k[None, :]).to(tl.float32) \
                 * tl.exp(b_cs_m[:, None] - tl.load(p_cs + o_k)[None, :]) * tl.load(p_dt + o_k)[None, :]
-            b_x = tl.load(p_x + o_k[:, None] * s_x_t, mask=m_p[None, :], other=0.0).to(tl.float32)  # [BK, BP]
+            b_x = tl.load(p_x + o_k[:, None] * s_x_t, mask=m_p[None, :], other=0.0)  # [BK, BP]
             acc += _dot(b_w, b_x, DOT_DTYPE, EMULATE)
         # The diagonal block: causal mask; its x tile is this block's own x, reused for D x.
         causal = o_m[:, None] >= o_m[None, :]
@@ -257,10 +259,11 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
             * tl.exp(tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], -float("inf"))) \
             * tl.load(p_dt + o_m, mask=m_m, other=0.0)[None, :]
         m_mp = m_m[:, None] & m_p[None, :]
-        b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0).to(tl.float32)  # [BM, BP]
+        b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
         acc += _dot(b_w, b_x, DOT_DTYPE, EMULATE)
         if HAS_D:
-            acc += tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)[None, :] * b_x
+            acc += tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)[None, :] \
+                * b_x.to(tl.float32)
         if HAS_Z:
             b_z = tl.load(z_ptr + i_b * s_z_b + (t0 + o_m)[:, None] * s_z_t + i_h * s_z_h + o_p[None, :] * s_z_p,
                           mask=m_mp, other=0.0).to(tl.float32)
@@ -323,7 +326,7 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
         PASS_BLOCK=1024,  # flat state elements per state-passing program
-        num_warps=4, num_stages=3 if wide else 2,
+        num_warps=4, num_stages=3 if wide else 2, OUTPUT_WARPS=4 if wide else 8,
     )
 
 
@@ -376,7 +379,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             headdim, dstate, nheads, heads_per_group, n_pblocks,
             *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
             HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk,
-            BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **launch)
+            BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **dict(launch, num_warps=cfg["OUTPUT_WARPS"]))
     if plan.inner_list:
         _capture_kernel[(len(plan.inner_list), nheads, n_pblocks * n_nblocks)](
             p.x, p.B, dt_s, cs_s, plan.chunks, plan.slots, slot_states, plan.inner, p.captured,
