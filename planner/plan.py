@@ -17,10 +17,20 @@ Policies (names shared with the kernels, the CLI and the benchmarks):
 - ``free``: passes as the budget proposes them (the cache-off plan). Every snapshot is an
   in-pass capture: the tail boundary, the tail split point, every multiple of
   ``interval * block_size`` and every branch point given. No pass-end snapshots.
+
+The ``grid`` option serves an SSM scan that continues bit for bit only from states at multiples
+of ``grid`` (the chunked scan: its chunk size; the recurrent scan is exact anywhere, grid 1).
+With ``grid > 1`` every position the plan works with is put on the grid: non-last passes end at
+multiples of ``grid`` (floored, when that stays above the pass start), the tail points are those
+of ``lcm(block_size, grid)``-token steps, and interval and branch points are floored to the grid.
+So every snapshot, hence every restore point, and every pass start is a grid point, and a warm
+request is bit-identical to the cold one. The cost is replay: a match between grid points
+restores at the grid point below it (:attr:`WarmRestore.grid_replay_tokens`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -28,6 +38,7 @@ from ._checks import check_choice, check_int, check_optional_int
 from .rules import (
     inpass_capture_spans,
     is_checkpoint_chunk_end,
+    is_prompt_tail_end,
     plan_chunk_len,
     tail_boundary,
     tail_split_point,
@@ -68,13 +79,16 @@ class WarmRestore:
     ``replay_tokens`` counts every token computed from the restore point to the end of the
     follow-up (``request_total - restore_point``), as the seed counts "replayed" tokens;
     ``ssm_replay_tokens`` is the part of it whose KV the prefix cache already held
-    (``match - restore_point``), computed only because no snapshot sat at the match.
+    (``match - restore_point``), computed only because no snapshot sat at the match;
+    ``grid_replay_tokens`` is the part of that the plan's grid forces (the match less the grid
+    point at or below it, at most ``ssm_replay_tokens``; 0 with grid 1).
     """
 
     match: int
     restore_point: int
     replay_tokens: int
     ssm_replay_tokens: int
+    grid_replay_tokens: int = 0
 
 
 @dataclass
@@ -90,6 +104,7 @@ class PrefillPlan:
     block_size: int
     policy: str
     passes: list[Pass]
+    grid: int = 1
     snapshot_positions: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,6 +152,7 @@ class PrefillPlan:
             restore_point=restore,
             replay_tokens=request_total - restore,
             ssm_replay_tokens=match - restore,
+            grid_replay_tokens=min(match - restore, match % self.grid),
         )
 
 
@@ -161,6 +177,7 @@ def plan_prefill(
     policy: str = "split",
     branch_points: Iterable[int] = (),
     start: int = 0,
+    grid: int = 1,
 ) -> PrefillPlan:
     """Plan the prefill of tokens [start, total) of a ``total``-token prompt.
 
@@ -172,7 +189,8 @@ def plan_prefill(
     ``branch_points`` (positions in [0, total]) are captured under ``free`` only; other policies
     reject them. Captures at or below ``start`` or at or above ``total`` are not taken: the
     state at ``start`` is the one restored and the state at ``total`` is the last pass's end.
-    ``total == 0`` (or ``start == total``) gives a plan with no passes.
+    ``total == 0`` (or ``start == total``) gives a plan with no passes. ``grid`` puts passes,
+    captures and snapshots on multiples of ``grid`` (module docstring).
     """
     check_int("total", total)
     check_int("block_size", block_size, minimum=1)
@@ -181,6 +199,7 @@ def plan_prefill(
     check_int("interval", interval)
     check_choice("policy", policy, POLICIES)
     check_int("start", start)
+    check_int("grid", grid, minimum=1)
     if start > total:
         raise ValueError(f"start must be <= total ({total}), got {start}")
     branch_points = _check_branch_points(branch_points, total)
@@ -190,11 +209,13 @@ def plan_prefill(
             f"with branch_points {list(branch_points)}"
         )
 
-    split = tail_split_point(total, block_size)
-    spans = _pass_spans(total, start, block_size, budget, first_budget, policy, split)
+    # Tail points and block alignment in steps that are both KV blocks and grid points.
+    step = math.lcm(block_size, grid)
+    split = tail_split_point(total, step)
+    spans = _pass_spans(total, start, step, budget, first_budget, policy, split, grid)
 
     if policy == "free":
-        wanted = _free_capture_positions(total, start, block_size, interval, branch_points)
+        wanted = _free_capture_positions(total, start, block_size, step, interval, branch_points, grid)
     elif policy == "inpass" and any(inpass_capture_spans(split, s, n) for s, n in spans):
         wanted = [split]
     else:
@@ -207,11 +228,13 @@ def plan_prefill(
         saves_end = (
             policy != "free"
             and end < total
-            and is_checkpoint_chunk_end(end, total, block_size, interval)
+            and end % grid == 0
+            and (is_prompt_tail_end(end, total, step)
+                 or is_checkpoint_chunk_end(end, total, block_size, interval))
         )
         passes.append(Pass(pass_start, length, captures, saves_end))
     return PrefillPlan(
-        total=total, start=start, block_size=block_size, policy=policy, passes=passes
+        total=total, start=start, block_size=block_size, policy=policy, passes=passes, grid=grid
     )
 
 
@@ -238,8 +261,10 @@ def _pass_spans(
     first_budget: int | None,
     policy: str,
     split: int | None,
+    grid: int,
 ) -> list[tuple[int, int]]:
-    """(start, length) of every pass under ``policy``."""
+    """(start, length) of every pass under ``policy``; ``block_size`` here is the alignment
+    step, and non-last passes end on the grid where they can."""
     spans: list[tuple[int, int]] = []
     offset = start
     while offset < total:
@@ -251,6 +276,9 @@ def _pass_spans(
             length = plan_chunk_len(offset, total, proposed, block_size)
         else:  # legacy and free run passes as proposed
             length = proposed
+        on_grid = (offset + length) // grid * grid
+        if offset + length < total and on_grid > offset:
+            length = on_grid - offset
         is_last = offset + length >= total
         splits_last = policy in ("legacy", "split")
         if is_last and splits_last and inpass_capture_spans(split, offset, length):
@@ -264,14 +292,16 @@ def _pass_spans(
 
 
 def _free_capture_positions(
-    total: int, start: int, block_size: int, interval: int, branch_points: tuple[int, ...]
+    total: int, start: int, block_size: int, step: int, interval: int,
+    branch_points: tuple[int, ...], grid: int,
 ) -> list[int]:
-    """The positions the cache wants under ``free``, restricted to (start, total)."""
-    wanted = {tail_boundary(total, block_size), tail_split_point(total, block_size)}
-    wanted.update(branch_points)
+    """The positions the cache wants under ``free`` (tail points in ``step``-token steps, the
+    rest floored to the grid), restricted to (start, total)."""
+    wanted = {tail_boundary(total, step), tail_split_point(total, step)}
+    wanted.update(p // grid * grid for p in branch_points)
     if interval > 0:
-        step = interval * block_size
+        every = interval * block_size
         # Generate the multiples directly rather than filter pass ends: any position can be
         # captured in-pass.
-        wanted.update(range((start // step + 1) * step, total, step))
+        wanted.update(p // grid * grid for p in range((start // every + 1) * every, total, every))
     return sorted(p for p in wanted if p is not None and start < p < total)
