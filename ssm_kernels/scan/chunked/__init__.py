@@ -36,15 +36,16 @@ ALGORITHMS = ("recurrent", "chunked", "auto")
 DEFAULT_CHUNK_SIZE = 256
 MAX_CHUNK_SIZE = 1024
 # "auto" picks the chunked path on CUDA from this many tokens in the longest sequence of the pass.
-# A first estimate from reasoning, not a measurement. The reasoning:
-# the recurrent kernel walks a sequence one token at a time, each step a chain of dependent loads,
-# exp and a reduction, so its time grows with the longest sequence at a latency-bound cost per
-# token; the chunked path pays about five kernel launches and one chunk's matmuls up front, then
-# its sequential part is one state update per chunk instead of per token. We expect the two to
-# cross within the first chunk or two, and take one default chunk (256 tokens). Re-measure it on
-# the target GPU with a sweep of mamba2_scan over pass lengths for both algorithms (bench/) and
-# replace this value with the measured crossover.
-AUTO_CHUNKED_MIN_TOKENS = 256
+# Modelled for sm_90a (H200), not measured: both kernels compiled as a launch specialises them,
+# bfloat16, the Mamba-2 2.7B layer (80 heads x 64, dstate 128):
+# - recurrent: its token loop is 778 SASS instructions for the one warp of a program (8 state
+#   rows), and the 640 programs of the layer fit one wave, so a token costs at least 778 issue
+#   cycles, 0.41 us at 1.9 GHz, before any stall: at least 26 us for 64 tokens, 105 us for 256;
+# - chunked: six kernel launches whatever the length up to one chunk, each a short wave; at about
+#   4 us per launch (launch latency plus one wave, assumed) that is about 24 us.
+# They cross near 24 / 0.41 = 59 tokens: the threshold is the next power of two. The GPU suite's
+# crossover section (bench/scan.py) measures it; replace this value with the measured one.
+AUTO_CHUNKED_MIN_TOKENS = 64
 
 
 def check_chunk_size(chunk_size) -> int:
