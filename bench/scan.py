@@ -40,6 +40,12 @@ ELT = 2  # bfloat16 inputs
 CHECK_TOLERANCE = 5e-2  # a peer whose y differs from ours by more (RMS-relative) is flagged
 
 
+def failed(*errors) -> dict:
+    """The status and note of a row whose measurements failed or were skipped."""
+    errors = [e for e in errors if e]
+    return dict(status=errors[0].split(":")[0], note="; ".join(errors))
+
+
 def algorithms(fn) -> list[str]:
     """The algorithms `fn` offers: its `algorithm` keyword's default, plus "chunked" when the
     library has it; ["recurrent"] when there is no such keyword."""
@@ -162,9 +168,9 @@ class ScanBench:
     def our_scan(self, shape, inp, backend, algorithm, cu=None, capture=None, initial_states=None,
                  start_positions=None):
         kw = dict(cu_seqlens=cu, capture=capture, initial_states=initial_states, backend=backend)
-        if start_positions is not None:
-            kw["start_positions"] = start_positions
         if shape.kind == "mamba2":
+            if start_positions is not None:
+                kw["start_positions"] = start_positions
             if "algorithm" in inspect.signature(ssm_kernels.mamba2_scan).parameters:
                 kw["algorithm"] = algorithm
                 if algorithm == "chunked" and self.cfg.chunk_size:
@@ -316,15 +322,8 @@ class ScanBench:
                         row = dict(section="inpass_vs_split", model=shape.name, kind=shape.kind, backend=label,
                                    algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", split=split,
                                    block_size=self.cfg.block_size)
-                        one = self.our_scan(shape, inp, backend, alg, capture=[(0, split)])
-                        head = self.our_scan(shape, first, backend, alg)
-
-                        def two(head=head, shape=shape, second=second, backend=backend, alg=alg):
-                            state = head().final_states
-                            return self.our_scan(shape, second, backend, alg, initial_states=state)()
-
-                        t1, _, e1 = self.timed(one, interp)
-                        t2, _, e2 = self.timed(two, interp)
+                        (t1, _, e1), (t2, _, e2) = self.one_and_two_passes(
+                            shape, inp, (first, second), split, backend, alg, interp, capture=[(0, split)])
                         row.update(one_pass_ms=t1.ms if t1 else None, two_passes_ms=t2.ms if t2 else None,
                                    one_pass_bytes=wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=1),
                                    two_passes_bytes=wl.pass_bytes(shape, split, 1, ELT)
@@ -333,7 +332,7 @@ class ScanBench:
                         if t1 and t2:
                             row.update(status="ok", ratio=t2.ms / t1.ms, extra_ms=t2.ms - t1.ms)
                         else:
-                            row.update(status=(e1 or e2).split(":")[0], note="; ".join(e for e in (e1, e2) if e))
+                            row.update(failed(e1, e2))
                         self.results["inpass_vs_split"].append(row)
                 del inp, first, second
                 common.release_memory(self.device)
@@ -355,26 +354,30 @@ class ScanBench:
                         continue
                     row = dict(section="grid_split", model=shape.name, backend=label, algorithm=self.alg_label("chunked"),
                                seqlen=seqlen, batch="1", split=split)
-                    one = self.our_scan(shape, inp, backend, "chunked")
-                    head = self.our_scan(shape, first, backend, "chunked")
-
-                    def two(head=head, shape=shape, second=second, backend=backend, split=split):
-                        state = head().final_states
-                        return self.our_scan(shape, second, backend, "chunked", initial_states=state,
-                                             start_positions=[split])()
-
-                    t1, r1, e1 = self.timed(one, interp)
-                    t2, r2, e2 = self.timed(two, interp)
+                    (t1, r1, e1), (t2, r2, e2) = self.one_and_two_passes(
+                        shape, inp, (first, second), split, backend, "chunked", interp)
                     if t1 and t2:
                         bitwise = (torch_equal(r2.y, r1.y[:, split:]) and torch_equal(r2.final_states, r1.final_states))
                         row.update(status="ok", one_pass_ms=t1.ms, two_passes_ms=t2.ms, ratio=t2.ms / t1.ms,
                                    bitwise=bitwise, timing=t1.method)
                     else:
-                        row.update(status=(e1 or e2).split(":")[0], note="; ".join(e for e in (e1, e2) if e))
+                        row.update(failed(e1, e2))
                     self.results["grid_split"].append(row)
                 del inp, first, second
                 common.release_memory(self.device)
         self.save()
+
+    def one_and_two_passes(self, shape, inp, halves, split, backend, alg, interp, capture=None):
+        """(timing, result, error) of one pass over `inp`, and of two over its halves: the second
+        resumed from the first's final state, at its absolute start `split`."""
+        first, second = halves
+        head = self.our_scan(shape, first, backend, alg)
+
+        def two():
+            return self.our_scan(shape, second, backend, alg, initial_states=head().final_states,
+                                 start_positions=[split])()
+
+        return self.timed(self.our_scan(shape, inp, backend, alg, capture=capture), interp), self.timed(two, interp)
 
     @staticmethod
     def halves(shape, inp, split):

@@ -15,12 +15,7 @@ CONFIG = HybridConfig(vocab_size=64, hidden_size=32, num_layers=3, attention_eve
                       scan_algorithm="chunked", chunk_size=CHUNK)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: token-sized ops, one thread
 
 
 @pytest.fixture(scope="module", params=["torch", "triton"])

@@ -48,16 +48,21 @@ MAX_CHUNK_SIZE = 1024
 AUTO_CHUNKED_MIN_TOKENS = 64
 
 
+def _as_int(name: str, value) -> int:
+    """`value` as an int (anything with __index__, not a bool), else TypeError naming `name`."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
 def check_chunk_size(chunk_size) -> int:
     """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
     if chunk_size is None:
         return DEFAULT_CHUNK_SIZE
-    if isinstance(chunk_size, bool):
-        raise TypeError(f"chunk_size must be an int, got {chunk_size!r}")
-    try:
-        size = operator.index(chunk_size)
-    except TypeError:
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
+    size = _as_int("chunk_size", chunk_size)
     if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
         raise ValueError(f"chunk_size must be a power of two from 16 (the smallest tl.dot tile) to "
                          f"{MAX_CHUNK_SIZE}, got {size}")
@@ -94,12 +99,7 @@ def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
         raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
     positions = []
     for s, value in enumerate(values):
-        if isinstance(value, bool):
-            raise TypeError(f"start_positions[{s}] must be an int, got {value!r}")
-        try:
-            position = operator.index(value)
-        except TypeError:
-            raise TypeError(f"start_positions[{s}] must be an int, got {type(value).__name__}") from None
+        position = _as_int(f"start_positions[{s}]", value)
         if position < 0:
             raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
         positions.append(position)
