@@ -314,7 +314,7 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
     of sequence lengths or batch composition, which would change rounding between passes).
 
     16-bit inputs: 64-row tiles with 4 warps (one warpgroup: Hopper's wgmma takes M = 64 per
-    warpgroup), 3 pipeline stages. float32 inputs run IEEE FMA dots, whose operands live in
+    warpgroup), 3 pipeline stages (2 for the output kernel, see below). float32 inputs run IEEE FMA dots, whose operands live in
     registers: smaller K and dstate blocks keep them from spilling. tl.dot needs every block >= 16.
     """
     wide = dtype != torch.float32
@@ -326,7 +326,10 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
         PASS_BLOCK=1024,  # flat state elements per state-passing program
-        num_warps=4, num_stages=3 if wide else 2, OUTPUT_WARPS=4 if wide else 8,
+        num_warps=4, num_stages=3 if wide else 2,
+        # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
+        # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
+        output=dict(num_warps=4, num_stages=2, maxnreg=168) if wide else dict(num_warps=8, num_stages=2),
     )
 
 
@@ -379,7 +382,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             headdim, dstate, nheads, heads_per_group, n_pblocks,
             *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
             HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk,
-            BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **dict(launch, num_warps=cfg["OUTPUT_WARPS"]))
+            BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **cfg["output"])
     if plan.inner_list:
         _capture_kernel[(len(plan.inner_list), nheads, n_pblocks * n_nblocks)](
             p.x, p.B, dt_s, cs_s, plan.chunks, plan.slots, slot_states, plan.inner, p.captured,
