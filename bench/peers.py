@@ -92,13 +92,11 @@ def _import_bare_package(name: str) -> None:
     sys.modules[name] = module
 
 
-def load_mamba_ssm(device: torch.device) -> Peer:
+def import_mamba_ssm_ops() -> tuple[dict | None, str]:
+    """({name: op} of mamba_ssm's Triton ops, how they were imported), or (None, why not).
+    Works without CUDA: the ops are GPU code, but importing them needs none."""
     if _find("mamba_ssm") is None:
-        return Peer(MAMBA_SSM, False, "absent: mamba_ssm is not installed")
-    version = _version("mamba_ssm") or _version("mamba-ssm")
-    if device.type != "cuda":
-        return Peer(MAMBA_SSM, False, "installed but not run on CPU: GPU-only Triton kernels whose "
-                    "autotuning does not run under the Triton interpreter", version)
+        return None, "absent: mamba_ssm is not installed"
     stand_in = _install_selective_scan_cuda_stand_in()
     how = "with a stand-in selective_scan_cuda" if stand_in else "with its own selective_scan_cuda"
     if _find("packaging") is None and _find("pip._vendor.packaging") is not None:
@@ -117,10 +115,22 @@ def load_mamba_ssm(device: torch.device) -> Peer:
         ssd = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
         ssu = importlib.import_module("mamba_ssm.ops.triton.selective_state_update")
     except Exception as exc:  # noqa: BLE001
-        return Peer(MAMBA_SSM, False, f"failed to import its Triton ops: {type(exc).__name__}: {exc}", version)
-    return Peer(MAMBA_SSM, True, f"imported {how}", version,
-                {"mamba_chunk_scan_combined": ssd.mamba_chunk_scan_combined,
-                 "selective_state_update": ssu.selective_state_update})
+        return None, f"failed to import its Triton ops: {type(exc).__name__}: {exc}"
+    return ({"mamba_chunk_scan_combined": ssd.mamba_chunk_scan_combined,
+             "selective_state_update": ssu.selective_state_update}, f"imported {how}")
+
+
+def load_mamba_ssm(device: torch.device) -> Peer:
+    if _find("mamba_ssm") is None:
+        return Peer(MAMBA_SSM, False, "absent: mamba_ssm is not installed")
+    version = _version("mamba_ssm") or _version("mamba-ssm")
+    if device.type != "cuda":
+        return Peer(MAMBA_SSM, False, "installed but not run on CPU: GPU-only Triton kernels whose "
+                    "autotuning does not run under the Triton interpreter", version)
+    ops, how = import_mamba_ssm_ops()
+    if ops is None:
+        return Peer(MAMBA_SSM, False, how, version)
+    return Peer(MAMBA_SSM, True, how, version, ops)
 
 
 def load_fla(device: torch.device) -> Peer:

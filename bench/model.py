@@ -1,0 +1,276 @@
+"""The time model of the static report: every figure it gives is modelled, not measured.
+
+For one kernel launch on an H200:
+
+    time >= max(memory, tensor, issue, latency)
+
+    memory  = bytes / HBM bandwidth. Bytes are what the kernel's loads and stores request (each
+              read counted, a tile re-read per program counted per program), counted by the
+              interpreter (bench.counts). Re-reads that hit L2 make this an upper estimate of
+              HBM traffic; `unique` (each storage moved at most once) is the lower one, printed
+              beside it and not used in the max.
+    tensor  = dot FLOPs / the rate of the MMA form the SASS uses (wgmma, mma.sync, or FFMA
+              when the dot compiles to no MMA instruction, e.g. fp32 ieee dots).
+    issue   = warp-instruction slots / (active schedulers x clock). Slots of one warp's stream:
+              max(instructions, 2 x ALU-pipe instructions, 8 x MUFU instructions) (the ALU pipe
+              is 16 lanes and the MUFU pipe 4 lanes per scheduler), instructions = straight-line
+              SASS once per program + each loop's SASS x its executions (interpreter line counts),
+              times the program's warps. Active schedulers: 4 per SM, at most one per resident warp.
+    latency = waves x one program's dependent time: the straight-line code and each loop
+              iteration replayed in order for one warp (an instruction issues one cycle after the
+              previous one, or when its operands are ready), times the loop's iterations per
+              program. Other warps on the scheduler hide this only through `issue`: the two are
+              reported apart so that a reader sees which one wins.
+
+Waves = ceil(programs / (resident programs per SM x SMs)); resident programs per SM come from
+registers (allocated per warp in units of 256, registers per thread rounded up to 8), shared
+memory (+1 KB reserved per block), warps (64 per SM) and 32 blocks per SM.
+
+Launch overhead (a few microseconds per kernel) is not modelled.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .sass import Code, Instr, Loop
+
+# H200 (shared/docs/gpu.md).
+SMS = 132
+SCHEDULERS_PER_SM = 4
+CLOCK_HZ = 1.9e9
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy; the HBM3e peak is ~4.8e12
+TENSOR_FLOPS = {
+    "wgmma": 790e12,  # bf16 dense, measured through PyTorch (peak 990e12)
+    # mma.sync does not use Hopper's asynchronous warpgroup path; public microbenchmarks put it
+    # at about two thirds of wgmma. An assumption, not a measurement.
+    "mma.sync": 790e12 * 2 / 3,
+    "none": 67e12,  # fp32 FMA peak: a dot without MMA instructions runs on the FMA pipe
+}
+REGISTERS_PER_SM = 65536
+SHARED_BYTES_PER_SM = 228 * 1024
+SHARED_RESERVED_PER_BLOCK = 1024
+WARPS_PER_SM = 64
+BLOCKS_PER_SM = 32
+
+# Latencies in cycles (assumptions from public Hopper microbenchmarks, round numbers).
+LATENCY = {
+    "alu": 4,  # FFMA, FADD, IADD3, ... fixed-latency pipes
+    "MUFU": 18,
+    "SHFL": 24,
+    "shared": 30,  # LDS, LDSM
+    "global": 500,  # LDG that misses L2 (HBM); an L2 hit is ~260
+    "BAR": 20,
+    "MMA": 32,  # HMMA
+}
+PIPE_SLOTS = {"alu": 2, "MUFU": 8}  # issue slots per warp instruction beyond 1
+ALU_PIPE = {"IADD3", "LOP3", "SHF", "ISETP", "SEL", "FSEL", "FSETP", "FMNMX", "PRMT", "LEA", "PLOP3", "IMNMX",
+            "I2F", "F2I", "I2FP", "F2FP", "FRND", "POPC", "FLO", "BREV", "IABS", "LOP", "SGXT", "BMSK"}
+STORE_LIKE = ("ST", "STG", "STS", "STL", "RED", "BAR", "BRA", "EXIT", "BSYNC", "BSSY", "WARPSYNC", "NOP", "RET",
+              "CALL", "MEMBAR", "FENCE", "LDGDEPBAR", "DEPBAR", "ERRBAR", "CCTL", "ARRIVES", "SYNCS", "UTMACCTL")
+
+
+def instruction_latency(instr: Instr) -> int:
+    base = instr.base
+    if base in ("LDG", "LD", "ATOMG", "ATOM", "LDL"):
+        return LATENCY["global"]
+    if base in ("LDS", "LDSM", "LDGSTS"):
+        return LATENCY["shared"]
+    if base == "MUFU":
+        return LATENCY["MUFU"]
+    if base == "SHFL":
+        return LATENCY["SHFL"]
+    if base in ("HMMA", "HGMMA"):
+        return LATENCY["MMA"]
+    if base == "BAR":
+        return LATENCY["BAR"]
+    return LATENCY["alu"]
+
+
+def issue_slots(instrs: list[Instr]) -> float:
+    """Issue slots one warp needs for these instructions (module doc)."""
+    alu = sum(1 for i in instrs if i.base in ALU_PIPE)
+    mufu = sum(1 for i in instrs if i.base == "MUFU")
+    return max(len(instrs), PIPE_SLOTS["alu"] * alu, PIPE_SLOTS["MUFU"] * mufu)
+
+
+def _registers(instr: Instr) -> tuple[list[str], list[str]]:
+    """(written, read) register names of an instruction (R, P, UR, UP), approximately: the first
+    operand is written unless the opcode only reads (stores, branches, barriers); vector
+    operands (.64/.128 and MMA fragments) cover the following registers."""
+    width = 4 if instr.base in ("HMMA", "HGMMA") else 4 if ".128" in instr.opcode else 2 if ".64" in instr.opcode else 1
+
+    def names(operand: str, wide: int) -> list[str]:
+        out = []
+        for token in operand.replace("[", " ").replace("]", " ").replace("!", " ").replace("-", " ").replace("|", " ").split():
+            reg = token.split(".")[0]
+            if reg[:1] in ("R", "P") or reg[:2] in ("UR", "UP"):
+                if reg in ("RZ", "PT", "URZ", "UPT") or not reg.lstrip("URP").isdigit():
+                    continue
+                prefix = reg.rstrip("0123456789")
+                n = int(reg[len(prefix):])
+                span = wide if token.endswith((".64", ".128")) or wide > 1 else 1
+                out += [f"{prefix}{n + k}" for k in range(span)]
+        return out
+
+    ops = instr.operands
+    reads = names(instr.predicate, 1)
+    if not ops or instr.base in STORE_LIKE:
+        return [], reads + [r for op in ops for r in names(op, width)]
+    written = names(ops[0], width)
+    rest = ops[1:]
+    if rest and (instr.base.endswith("SETP") or (instr.base in ("IADD3", "LEA") and rest[0].startswith("P"))):
+        written += names(rest[0], 1)
+        rest = rest[1:]
+    return written, reads + [r for op in rest for r in names(op, width)]
+
+
+def replay_cycles(instrs: list[Instr], iterations: int = 1) -> float:
+    """Cycles one warp takes to issue `instrs` in order (module doc); with iterations > 1, the
+    steady-state cycles of one more iteration of a loop body."""
+    ready: dict[str, float] = {}
+    t = 0.0
+    ends = []
+    decoded = [(_registers(i), instruction_latency(i)) for i in instrs]
+    for _ in range(iterations):
+        for (written, read), latency in decoded:
+            t = max([t + 1] + [ready.get(r, 0.0) for r in read])
+            for r in written:
+                ready[r] = t + latency
+        ends.append(t)
+    return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
+
+
+def resident_programs(registers: int, shared: int, num_warps: int) -> dict:
+    """Programs (blocks) resident per SM and what limits them."""
+    warp_registers = math.ceil(max(registers, 1) / 8) * 8 * 32
+    warp_registers = math.ceil(warp_registers / 256) * 256
+    limits = {
+        "registers": REGISTERS_PER_SM // (warp_registers * num_warps),
+        "shared": SHARED_BYTES_PER_SM // (shared + SHARED_RESERVED_PER_BLOCK) if shared else BLOCKS_PER_SM,
+        "warps": WARPS_PER_SM // num_warps,
+        "blocks": BLOCKS_PER_SM,
+    }
+    limiter = min(limits, key=limits.get)
+    return {"programs": limits[limiter], "limited_by": limiter, **{f"by_{k}": v for k, v in limits.items()}}
+
+
+@dataclass
+class LoopReport:
+    """One SASS loop: its instructions per iteration and how often it runs."""
+
+    start: int
+    depth: int
+    instructions: int
+    issue_slots_per_iteration: float
+    cycles_per_iteration: float  # one warp alone, in order (replay_cycles)
+    iterations_per_program: float | None  # None: no source line of the loop was counted
+    lines: list[str]  # its most frequent source lines, file:line
+
+
+@dataclass
+class KernelModel:
+    """Every modelled figure of one launch (times in milliseconds)."""
+
+    programs: int
+    num_warps: int
+    occupancy: dict
+    waves: int
+    bytes: float
+    unique_bytes: float
+    dot_flops: float
+    warp_instructions: float
+    issue_slots: float
+    latency_cycles_per_program: float
+    memory_ms: float
+    unique_memory_ms: float
+    tensor_ms: float
+    issue_ms: float
+    latency_ms: float
+    time_ms: float
+    bound: str
+    loops: list[LoopReport]
+
+    def record(self) -> dict:
+        return asdict(self)
+
+
+def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list[str]]:
+    """How many times the loop body ran over the whole grid: the median, over its instructions,
+    of how many times each one's source line ran (lines outside the loop that the compiler
+    placed in it, and prologue copies, do not move a median)."""
+    counted = sorted(lines.get(f"{i.source[0]}:{i.source[1]}", 0.0) for i in loop.instrs if i.source)
+    counted = [c for c in counted if c > 0]
+    keys = {}
+    for i in loop.instrs:
+        if i.source:
+            key = f"{i.source[0].rsplit('/', 1)[-1]}:{i.source[1]}"
+            keys[key] = keys.get(key, 0) + 1
+    top = [k for k, _ in sorted(keys.items(), key=lambda kv: -kv[1])[:4]]
+    if not counted:
+        return None, top
+    return counted[len(counted) // 2], top
+
+
+def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_form: str, counts: dict) -> KernelModel:
+    """The model of one launch from its compiled code, grid and (extrapolated) counts."""
+    programs = grid[0] * grid[1] * grid[2]
+    occupancy = resident_programs(code.registers, code.shared, num_warps)
+    per_wave = max(occupancy["programs"], 1) * SMS
+    waves = math.ceil(programs / per_wave) if programs else 0
+
+    lines = counts.get("lines", {})
+    straight = code.straight
+    slots = issue_slots(straight) * programs
+    instructions = len(straight) * programs
+    latency = replay_cycles(straight)
+    loops = []
+    for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
+        executions, top = _executions(loop, lines)
+        per_iteration = replay_cycles(loop.instrs, iterations=3)
+        slots_it = issue_slots(loop.instrs)
+        runs = executions if executions is not None else programs  # uncounted: once per program
+        slots += slots_it * runs
+        instructions += len(loop.instrs) * runs
+        latency += per_iteration * runs / max(programs, 1)
+        loops.append(LoopReport(loop.start, loop.depth, len(loop.instrs), slots_it, per_iteration,
+                                None if executions is None else executions / max(programs, 1), top))
+    slots *= num_warps
+    instructions *= num_warps
+
+    moved = counts.get("bytes_loaded", 0.0) + counts.get("bytes_stored", 0.0) + counts.get("bytes_atomic", 0.0)
+    unique = min(counts.get("bytes_unique", moved), moved)
+    flops = counts.get("dot_flops", 0.0)
+    resident_warps = min(programs, per_wave) * num_warps
+    schedulers = max(1, min(SMS * SCHEDULERS_PER_SM, resident_warps))
+    terms = {
+        "memory": moved / HBM_BYTES_PER_S * 1e3,
+        "tensor": flops / TENSOR_FLOPS[mma_form] * 1e3,
+        "issue": slots / schedulers / CLOCK_HZ * 1e3,
+        "latency": waves * latency / CLOCK_HZ * 1e3,
+    }
+    bound = max(terms, key=terms.get)
+    return KernelModel(
+        programs=programs, num_warps=num_warps, occupancy=occupancy, waves=waves, bytes=moved, unique_bytes=unique,
+        dot_flops=flops, warp_instructions=instructions, issue_slots=slots, latency_cycles_per_program=latency,
+        memory_ms=terms["memory"], unique_memory_ms=unique / HBM_BYTES_PER_S * 1e3, tensor_ms=terms["tensor"],
+        issue_ms=terms["issue"], latency_ms=terms["latency"], time_ms=terms[bound], bound=bound, loops=loops)
+
+
+def model_selective_scan_fn(tokens: int, dim: int, dstate: int, must_move_bytes: int) -> dict:
+    """mamba_ssm's selective_scan_fn (CUDA, Mamba-1) from its algorithm, since its extension is
+    not built here: it reads each input and writes y once (must_move_bytes), evaluates one exp per
+    state element and token (exp(delta * A): tokens x dim x dstate on the MUFU pipe, 16 per SM
+    per cycle), and scans time in parallel (a block-wide scan per 2048-token chunk, chained
+    through the chunk's running state), so no per-token latency chain: about 6 fp32 FLOPs per
+    state element and token (decay, input term, the scan's combine twice, the readout) on the
+    FMA pipe."""
+    elements = tokens * dim * dstate
+    terms = {
+        "memory": must_move_bytes / HBM_BYTES_PER_S * 1e3,
+        "mufu": elements / (SMS * 16 * CLOCK_HZ) * 1e3,
+        "fp32": 6 * elements / TENSOR_FLOPS["none"] * 1e3,
+    }
+    bound = max(terms, key=terms.get)
+    return {"terms_ms": terms, "time_ms": terms[bound], "bound": bound,
+            "how": "modelled from its algorithm (no compiled kernel: its CUDA extension is not built)"}

@@ -1,0 +1,228 @@
+"""What a compiled kernel is made of: resources (registers, spills, shared memory), its SASS, the
+MMA form, the instruction mix, and its loops.
+
+Tools are the ones Triton's wheel ships (triton/backends/nvidia/bin): `ptxas -v` on the PTX for
+registers and spills (the ptxas and flags Triton uses for the target), `cuobjdump -res-usage` on
+the cubin for the registers of the binary itself, and `nvdisasm -c -g` on the cubin for the SASS
+with source lines (Triton assembles with -lineinfo).
+
+Loops are found by backward branches: a `BRA` whose target label sits at or before it closes a
+loop spanning [target, branch]. Each instruction belongs to the innermost loop that spans it;
+a loop's instructions are those of its body that do not belong to a loop nested inside it.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from triton import knobs
+from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
+
+from .launches import TARGET
+
+
+@dataclass
+class Instr:
+    address: int
+    predicate: str
+    opcode: str  # with modifiers, e.g. LDG.E.128
+    operands: list[str]
+    source: tuple[str, int] | None  # (file, line)
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+
+@dataclass
+class Loop:
+    start: int  # address of the first instruction (the branch target)
+    end: int  # address of the backward branch
+    depth: int = 0  # 0 for an outermost loop
+    instrs: list[Instr] = field(default_factory=list)  # its own, nested loops' excluded
+
+    def contains(self, address: int) -> bool:
+        return self.start <= address <= self.end
+
+
+@dataclass
+class Code:
+    """The compiled kernel, read back."""
+
+    registers: int  # from the cubin
+    ptxas_registers: int
+    spill_stores: int
+    spill_loads: int
+    stack: int
+    shared: int  # bytes of shared memory the launch allocates (Triton's metadata)
+    instrs: list[Instr]
+    loops: list[Loop]
+
+    @property
+    def straight(self) -> list[Instr]:
+        """Instructions outside every loop."""
+        inside = {i.address for loop in self.loops for i in loop.instrs}
+        return [i for i in self.instrs if i.address not in inside]
+
+    @property
+    def innermost(self) -> list[Loop]:
+        nested = {id(outer) for outer in self.loops for inner in self.loops
+                  if inner is not outer and outer.start <= inner.start and inner.end <= outer.end}
+        return [loop for loop in self.loops if id(loop) not in nested]
+
+    @property
+    def hot_loop(self) -> Loop | None:
+        """The innermost loop with the most instructions (the one the model weighs most is
+        chosen by the model, from execution counts; this is what the SASS alone says)."""
+        loops = self.innermost
+        return max(loops, key=lambda loop: len(loop.instrs)) if loops else None
+
+    @property
+    def mma_form(self) -> str:
+        bases = {i.base for i in self.instrs}
+        if "HGMMA" in bases:
+            return "wgmma"
+        if "HMMA" in bases:
+            return "mma.sync"
+        return "none"
+
+
+def _tool(name: str) -> str:
+    return getattr(knobs.nvidia, name).path
+
+
+def _run(cmd: list[str], data: bytes | str, suffix: str) -> str:
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with tempfile.NamedTemporaryFile(mode, suffix=suffix, delete=False) as f:
+        f.write(data)
+        path = f.name
+    try:
+        proc = subprocess.run(cmd + [path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if proc.returncode:
+        raise RuntimeError(f"{os.path.basename(cmd[0])} failed: {proc.stderr[-2000:]}")
+    return proc.stdout + proc.stderr
+
+
+def ptxas_usage(ptx: str, enable_fp_fusion: bool = True) -> dict[str, int]:
+    """Registers, stack frame and spill bytes of a PTX kernel from `ptxas -v`, run as Triton runs
+    it for the target (its ptxas, -lineinfo, --fmad=false when fp fusion is off, and the register
+    allocation level newer Tritons pass)."""
+    cmd = [get_ptxas(TARGET.arch).path, "-lineinfo", "-v", f"--gpu-name=sm_{TARGET.arch}a"]
+    if not enable_fp_fusion:
+        cmd.append("--fmad=false")
+    if "--regAllocOptLevel=2" in inspect.getsource(CUDABackend.make_cubin):
+        cmd.append("--regAllocOptLevel=2")
+    report = _run(cmd + ["-o", os.devnull], ptx, ".ptx")
+
+    def number(pattern):
+        return int(re.search(pattern, report).group(1))
+
+    return dict(registers=number(r"Used (\d+) registers"), stack=number(r"(\d+) bytes stack frame"),
+                spill_stores=number(r"(\d+) bytes spill stores"), spill_loads=number(r"(\d+) bytes spill loads"))
+
+
+def cubin_registers(cubin: bytes) -> int:
+    """Registers per thread of the binary, from `cuobjdump -res-usage`."""
+    return int(re.search(r"REG:(\d+)", _run([_tool("cuobjdump"), "-res-usage"], cubin, ".cubin")).group(1))
+
+
+_LINE = re.compile(r'//## File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)\s*(?P<rest>[^;]*);")
+_LABEL = re.compile(r"^(?P<label>\.L_x_\d+):")
+_TARGET = re.compile(r"`\((?P<label>\.L_x_\d+)\)")
+
+
+def disassemble(cubin: bytes) -> tuple[list[Instr], dict[str, int]]:
+    """(instructions, {label: address}) of the cubin's one kernel, from `nvdisasm -c -g`."""
+    text = _run([_tool("nvdisasm"), "-c", "-g"], cubin, ".cubin")
+    instrs, labels, pending, source = [], [], [], None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if m := _LINE.search(line):
+            source = (m["file"], int(m["line"]))
+        elif m := _LABEL.match(line):
+            pending.append(m["label"])
+        elif m := _INSTR.search(line):
+            address = int(m["addr"], 16)
+            labels += [(label, address) for label in pending]
+            pending = []
+            operands = [op.strip() for op in m["rest"].split(",") if op.strip()]
+            instrs.append(Instr(address, (m["pred"] or "").strip(), m["op"], operands, source))
+    end = instrs[-1].address + 16 if instrs else 0
+    return instrs, {**{label: end for label in pending}, **dict(labels)}
+
+
+def find_loops(instrs: list[Instr], labels: dict[str, int]) -> list[Loop]:
+    loops = []
+    for i in instrs:
+        if i.base != "BRA":
+            continue
+        m = _TARGET.search(" ".join(i.operands))
+        if m and labels.get(m["label"], i.address + 1) <= i.address:
+            loops.append(Loop(labels[m["label"]], i.address))
+    # one loop per range (two branches back to one label form one loop)
+    loops = list({(loop.start, loop.end): loop for loop in loops}.values())
+    loops.sort(key=lambda loop: (loop.start, -loop.end))
+    for loop in loops:
+        loop.depth = sum(1 for other in loops if other is not loop and other.start <= loop.start
+                         and loop.end <= other.end)
+    for i in instrs:
+        spans = [loop for loop in loops if loop.contains(i.address)]
+        if spans:
+            min(spans, key=lambda loop: loop.end - loop.start).instrs.append(i)
+    return loops
+
+
+@lru_cache(maxsize=None)
+def _read(cubin: bytes, ptx: str, shared: int, enable_fp_fusion: bool) -> Code:
+    usage = ptxas_usage(ptx, enable_fp_fusion)
+    instrs, labels = disassemble(cubin)
+    return Code(registers=cubin_registers(cubin), ptxas_registers=usage["registers"],
+                spill_stores=usage["spill_stores"], spill_loads=usage["spill_loads"], stack=usage["stack"],
+                shared=shared, instrs=instrs, loops=find_loops(instrs, labels))
+
+
+def read(kernel) -> Code:
+    """Code of a CompiledKernel (cached per binary)."""
+    fusion = getattr(kernel.metadata, "enable_fp_fusion", True)
+    return _read(kernel.asm["cubin"], kernel.asm["ptx"], kernel.metadata.shared, fusion)
+
+
+# Instruction classes of the mix, by opcode prefix (global loads are split by width below).
+MIX_CLASSES = {
+    "LDGSTS": "cp.async", "LDG": "global load", "STG": "global store", "LDS": "shared load",
+    "LDSM": "shared load", "STS": "shared store", "HGMMA": "wgmma", "HMMA": "mma.sync", "MUFU": "MUFU",
+    "SHFL": "SHFL", "BAR": "BAR", "FFMA": "fp32", "FADD": "fp32", "FMUL": "fp32", "FMNMX": "fp32",
+    "FSETP": "fp32", "FSEL": "fp32", "RED": "atomic", "ATOM": "atomic", "ATOMG": "atomic",
+}
+
+
+def load_width(instr: Instr) -> int:
+    """Bits per thread of a global load/store: from the .64/.128 modifier, 16 for .U16/.S16,
+    8 for .U8/.S8, else 32."""
+    mods = instr.opcode.split(".")[1:]
+    for mod, bits in (("128", 128), ("64", 64), ("U16", 16), ("S16", 16), ("U8", 8), ("S8", 8)):
+        if mod in mods:
+            return bits
+    return 32
+
+
+def mix(instrs: list[Instr]) -> dict[str, int]:
+    """Counts per class; global loads also per width ('LDG.128' ...), plus the total."""
+    counts = Counter()
+    for i in instrs:
+        counts["total"] += 1
+        name = MIX_CLASSES.get(i.base) or MIX_CLASSES.get(i.base.rstrip("0123456789"))
+        if name:
+            counts[name] += 1
+        if i.base in ("LDG", "STG", "LDGSTS"):
+            counts[f"{i.base}.{load_width(i)}"] += 1
+    return dict(counts)

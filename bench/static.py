@@ -1,0 +1,229 @@
+"""The static cost report: python -m bench.static [--quick] [--workload NAME] [--shape NAME] ...
+
+Without a GPU. For every public call at the standard shapes (bench.static_workloads), and for
+its peer in mamba_ssm when that is installed:
+
+1. the call runs once on untouched CPU tensors with every kernel launch recorded instead of run,
+   and each launch is compiled for sm_90a exactly as a real launch specialises it
+   (bench.launches); an autotuned kernel is compiled once per config;
+2. each binary is read back (bench.sass): registers, spills, shared memory, MMA form, SASS loops;
+3. the call's kernels are counted by the Triton interpreter on a sample of their programs at two
+   reduced sizes, extrapolated to the real size (bench.counts);
+4. each launch gets a modelled time (bench.model); an autotuned site takes its best modelled
+   config; the call's time is the sum over its launches.
+
+Results: bench/results/<date>-static/static.json (every figure) and static.md (a table per call),
+each labelled "static model, not measured"; a summary is printed last. See bench/README.md.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile the kernels (bench/__init__ chooses the interpreter on CPU)
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import triton  # noqa: E402
+
+from . import counts as counting  # noqa: E402
+from . import model, sass  # noqa: E402
+from .common import git_commit  # noqa: E402
+from .launches import TARGET, compile_launch, recording  # noqa: E402
+from .static_report import LABEL, markdown, summary_lines  # noqa: E402
+from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, WORKLOADS, count_sizes,  # noqa: E402
+                               mamba_ssm_ops, run_call, shapes_for)
+from .workloads import decode_bytes, pass_bytes  # noqa: E402
+
+MAX_SHARED_PER_BLOCK = 227 * 1024  # larger configs fail to launch (an autotuner skips them)
+
+
+def hot_loop(entry_loops: list[model.LoopReport]) -> model.LoopReport | None:
+    """The loop with the most issue slots over the call (iterations x slots per iteration)."""
+    counted = [lp for lp in entry_loops if lp.iterations_per_program is not None]
+    if not counted:
+        return None
+    return max(counted, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
+
+
+def describe_loop(loop: model.LoopReport | None, size: int, kind: str) -> str:
+    if loop is None:
+        return "no loop"
+    n = loop.iterations_per_program
+    what = f"{n:.4g} iterations/program"
+    if kind == "prefill" and abs(n - size) <= 0.02 * size:
+        what += " (one per token)"
+    return f"{what}; lines {', '.join(loop.lines[:2])}"
+
+
+def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
+    """One entry per launch: its code, its model, and whether it is its site's chosen config."""
+    entries = []
+    for launch, counted in zip(launches, launch_counts):
+        code = sass.read(compile_launch(launch))
+        fits = code.shared <= MAX_SHARED_PER_BLOCK
+        km = model.model_kernel(code, launch.grid, launch.num_warps, code.mma_form, counted)
+        loop = hot_loop(km.loops)
+        hot = next((lp for lp in code.loops if loop and lp.start == loop.start), None)
+        entries.append({
+            "kernel": launch.kernel, "label": launch.label(), "site": launch.site, "config": launch.config,
+            "n_configs": launch.n_configs, "fits": fits, "grid": list(launch.grid), "num_warps": launch.num_warps,
+            "num_stages": launch.num_stages, "registers": code.registers, "ptxas_registers": code.ptxas_registers,
+            "spill_bytes": max(code.spill_stores, code.spill_loads), "shared_bytes": code.shared,
+            "mma": code.mma_form, "constexprs": {k: repr(v) for k, v in launch.constexprs.items()},
+            "mix": sass.mix(code.instrs),
+            "hot_loop": None if loop is None else {
+                "instructions": loop.instructions, "iterations_per_program": loop.iterations_per_program,
+                "cycles_per_iteration": loop.cycles_per_iteration, "mix": sass.mix(hot.instrs),
+                "what": describe_loop(loop, size, kind)},
+            "model": km.record(),
+        })
+    for site in {e["site"] for e in entries}:
+        group = [e for e in entries if e["site"] == site]
+        candidates = [e for e in group if e["fits"]] or group
+        best = min(candidates, key=lambda e: e["model"]["time_ms"])
+        for e in group:
+            e["chosen"] = e is best
+    return entries
+
+
+def must_move_bytes(workload, shape, size: int) -> int:
+    """The bytes the call must move at least (bench.workloads' roofline formula); the conv calls
+    read x and write y once (plus states)."""
+    from .static_workloads import CONV_WIDTH, conv_dim
+    if workload.name.startswith("causal_conv1d"):
+        return conv_dim(shape) * (size * 2 * 2 + 2 * (CONV_WIDTH - 1) * 2 + CONV_WIDTH * 4 + 4)
+    if workload.kind == "decode":
+        return decode_bytes(shape, size, 2)
+    return pass_bytes(shape, size, 1, 2, ncapture=workload.captures)
+
+
+class Report:
+    def __init__(self, args):
+        self.args = args
+        self.peer_ops, self.peer_how = (None, "not asked (--no-peers)") if args.no_peers else mamba_ssm_ops()
+        self.count_cache: dict = {}
+
+    def record(self, workload: str, shape: str, size: int, peer: bool):
+        launches = []
+        with recording(launches):
+            run_call(workload, shape, size, peer=peer)
+        return launches
+
+    def counts_for(self, jobs):
+        """Count every (workload, shape, peer) needed, in one interpreter subprocess."""
+        todo = []
+        for w, shape, size, peer in jobs:
+            key = (w.name, shape.name, peer, tuple(count_sizes(w, size)))
+            if key not in self.count_cache and key not in [k for k, _ in todo]:
+                todo.append((key, {"workload": w.name, "shape": shape.name, "sizes": list(key[3]), "peer": peer}))
+        if todo:
+            for (key, _), result in zip(todo, counting.count([r for _, r in todo])):
+                self.count_cache[key] = result
+
+    def call(self, w, shape, size: int, peer: bool) -> dict:
+        key = (w.name, shape.name, peer, tuple(count_sizes(w, size)))
+        launch_counts = counting.extrapolate(self.count_cache[key], size)
+        launches = self.record(w.name, shape.name, size, peer)
+        seen = [(c["kernel"], c["config"]) for c in launch_counts]
+        recorded = [(launch.kernel, launch.config) for launch in launches]
+        if seen != recorded:
+            raise RuntimeError(f"{w.name} at {shape.name}: the counted launches {seen} differ from the "
+                               f"recorded ones {recorded}")
+        entries = model_launches(launches, launch_counts, size, w.kind)
+        chosen = [e for e in entries if e["chosen"]]
+        return {"kernels": entries, "time_ms": sum(e["model"]["time_ms"] for e in chosen),
+                "kernels_launched": len(chosen)}
+
+
+def plan(args) -> list[tuple]:
+    """(workload, shape, size) of every call the report models."""
+    jobs = []
+    for w in WORKLOADS.values():
+        if args.workload and not any(f.lower() in w.name.lower() for f in args.workload):
+            continue
+        for shape in shapes_for(w):
+            if args.shape and not any(f.lower() in shape.name.lower() for f in args.shape):
+                continue
+            sizes = (args.tokens or PREFILL_TOKENS) if w.kind == "prefill" else (args.batch or DECODE_BATCHES)
+            jobs += [(w, shape, size) for size in sizes]
+    return jobs
+
+
+def peer_result(report: Report, w, shape, size: int) -> dict:
+    if w.peer is None:
+        return {"available": False, "reason": "no peer modelled for this call"}
+    if w.peer == "selective_scan_fn":
+        m = model.model_selective_scan_fn(size, shape.dim, shape.dstate, must_move_bytes(w, shape, size))
+        return {"available": True, "name": "mamba_ssm selective_scan_fn", **m}
+    if report.peer_ops is None:
+        return {"available": False, "reason": f"mamba_ssm: {report.peer_how}"}
+    result = report.call(w, shape, size, peer=True)
+    return {"available": True, "name": f"mamba_ssm {w.peer}", "how": report.peer_how, **result}
+
+
+def run(args) -> dict:
+    started = time.time()
+    jobs = plan(args)
+    if not jobs:
+        raise SystemExit("no call matches the filters")
+    report = Report(args)
+    needs_peer = [(w, s, n) for w, s, n in jobs if w.peer in ("mamba_chunk_scan_combined", "selective_state_update")
+                  and report.peer_ops is not None]
+    report.counts_for([(w, s, n, False) for w, s, n in jobs] + [(w, s, n, True) for w, s, n in needs_peer])
+    calls = []
+    for w, shape, size in jobs:
+        ours = report.call(w, shape, size, peer=False)
+        peer = peer_result(report, w, shape, size)
+        must = must_move_bytes(w, shape, size)
+        calls.append({
+            "workload": w.name, "doc": w.doc, "kind": w.kind, "shape": shape.name, "shape_dims": shape.describe(),
+            "size": size, "size_unit": "tokens" if w.kind == "prefill" else "batch", "must_move_bytes": must,
+            "roofline_ms": must / model.HBM_BYTES_PER_S * 1e3, **ours, "peer": peer,
+            "ratio_to_peer": ours["time_ms"] / peer["time_ms"] if peer.get("available") else None,
+        })
+        print(f"  {w.name} | {shape.name} | {size}: {ours['time_ms']:.4g} ms (modelled)", file=sys.stderr, flush=True)
+    return {
+        "label": LABEL, "date": datetime.date.today().isoformat(), "commit": git_commit(),
+        "triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}a",
+        "gpu_model": {"sms": model.SMS, "schedulers_per_sm": model.SCHEDULERS_PER_SM, "clock_hz": model.CLOCK_HZ,
+                      "hbm_bytes_per_s": model.HBM_BYTES_PER_S, "tensor_flops": model.TENSOR_FLOPS,
+                      "latency_cycles": model.LATENCY, "pipe_slots": model.PIPE_SLOTS},
+        "peers": {"mamba_ssm": report.peer_how}, "seconds": round(time.time() - started, 1),
+        "argv": sys.argv[1:], "calls": calls,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="one shape (Mamba-2 2.7B, and Mamba-1 2.8B for Mamba-1 calls), 8192 tokens, batch 64")
+    parser.add_argument("--workload", action="append", help="only calls whose name contains this (repeatable): "
+                        + "; ".join(WORKLOADS))
+    parser.add_argument("--shape", action="append", help="only shapes whose name contains this (repeatable): "
+                        + "; ".join(SHAPES))
+    parser.add_argument("--tokens", type=int, action="append", help="prefill tokens (repeatable)")
+    parser.add_argument("--batch", type=int, action="append", help="decode batch (repeatable)")
+    parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
+    parser.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-static)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.shape = args.shape or ["2.7B", "2.8B"]
+        args.tokens = args.tokens or [8192]
+        args.batch = args.batch or [64]
+    out = args.out or Path("bench/results") / f"{datetime.date.today().isoformat()}-static"
+    data = run(args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "static.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    (out / "static.md").write_text(markdown(data))
+    print("\n".join(summary_lines(data)))
+    print(f"(written to {out}/static.json and static.md)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

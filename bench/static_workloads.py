@@ -1,0 +1,191 @@
+"""The calls the static report models: the public functions (and their peers) at the standard
+layer shapes, with inputs whose storage is never touched.
+
+A workload is one public call; `run_call(name, shape, size)` makes its inputs and calls it once
+(its kernels are recorded or counted by the caller, never run on a GPU). `size` is the pass's
+tokens (prefill) or the decode batch. Inputs are `torch.empty` (or zeros for the interpreter
+counts, whose values then stay finite), contiguous, 16-byte aligned as a CUDA allocation is.
+Layer shapes are bench.workloads.STANDARD_SHAPES; conv dims are each layer's conv channels
+(Mamba-2: heads x headdim + 2 x groups x dstate; Mamba-1: dim).
+
+Captures: 8 per pass, at offsets c_k * 256 + j_k with j_k = 16 (2k + 1) for k = 0..7 (block
+multiples of 16, 128 tokens into a chunk on average, as random block-aligned positions would be)
+and c_k spread over the pass's 256-token chunks; so every size places them alike inside chunks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .workloads import STANDARD_SHAPES
+
+DTYPE = torch.bfloat16
+CHUNK = 256
+CONV_WIDTH = 4
+SHAPES = {shape.name: shape for shape in STANDARD_SHAPES}
+PREFILL_TOKENS = (8192, 32768)
+DECODE_BATCHES = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str  # "prefill" (size = tokens) or "decode" (size = batch)
+    layer: str  # "mamba2" or "mamba1": which shapes it runs at
+    ours: Callable  # (shape, size, new) -> None
+    peer: str | None  # key into PEERS, or None
+    doc: str
+    captures: int = 0
+
+
+def capture_offsets(tokens: int, count: int = 8) -> list[tuple[int, int]]:
+    """(sequence 0, offset) pairs of the module doc's capture placement."""
+    nchunks = tokens // CHUNK
+    return [(0, min(tokens, (k * nchunks // count) * CHUNK + 16 * (2 * k + 1))) for k in range(count)]
+
+
+def conv_dim(shape) -> int:
+    if shape.kind == "mamba1":
+        return shape.dim
+    return shape.nheads * shape.headdim + 2 * shape.ngroups * shape.dstate
+
+
+def _mamba2(shape, tokens, new):
+    H, P, N, G = shape.nheads, shape.headdim, shape.dstate, shape.ngroups
+    return dict(x=new(1, tokens, H, P), dt=new(1, tokens, H), A=new(H, dtype=torch.float32),
+                B=new(1, tokens, G, N), C=new(1, tokens, G, N),
+                D=new(H, dtype=torch.float32), dt_bias=new(H, dtype=torch.float32))
+
+
+def _decode(shape, batch, new):
+    H, P, N, G = shape.nheads, shape.headdim, shape.dstate, shape.ngroups
+    return dict(state=new(batch, H, P, N, dtype=torch.float32), x=new(batch, H, P), dt=new(batch, H),
+                A=new(H, dtype=torch.float32), B=new(batch, G, N), C=new(batch, G, N),
+                D=new(H, dtype=torch.float32), dt_bias=new(H, dtype=torch.float32))
+
+
+def _scan(algorithm, captures):
+    def run(shape, tokens, new):
+        from ssm_kernels import mamba2_scan
+        i = _mamba2(shape, tokens, new)
+        mamba2_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
+                    capture=capture_offsets(tokens) if captures else None, backend="triton",
+                    algorithm=algorithm, chunk_size=CHUNK)
+    return run
+
+
+def _state_update(shape, batch, new):
+    from ssm_kernels import selective_state_update
+    i = _decode(shape, batch, new)
+    selective_state_update(i["state"], i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"],
+                           dt_softplus=True, backend="triton")
+
+
+def _mamba1(shape, tokens, new):
+    from ssm_kernels import mamba1_scan
+    Dm, N = shape.dim, shape.dstate
+    mamba1_scan(new(1, Dm, tokens), new(1, Dm, tokens), new(Dm, N, dtype=torch.float32), new(1, N, tokens),
+                new(1, N, tokens), D=new(Dm, dtype=torch.float32), z=new(1, Dm, tokens),
+                delta_bias=new(Dm, dtype=torch.float32), delta_softplus=True, backend="triton")
+
+
+def _conv(shape, tokens, new):
+    from ssm_kernels import causal_conv1d
+    dim = conv_dim(shape)
+    causal_conv1d(new(1, dim, tokens), new(dim, CONV_WIDTH, dtype=torch.float32), new(dim, dtype=torch.float32),
+                  activation="silu", backend="triton")
+
+
+def _conv_update(shape, batch, new):
+    from ssm_kernels import causal_conv1d_update
+    dim = conv_dim(shape)
+    causal_conv1d_update(new(batch, dim), new(batch, dim, CONV_WIDTH - 1), new(dim, CONV_WIDTH, dtype=torch.float32),
+                         new(dim, dtype=torch.float32), activation="silu", backend="triton")
+
+
+WORKLOADS = {w.name: w for w in (
+    Workload("mamba2_scan recurrent", "prefill", "mamba2", _scan("recurrent", False), "mamba_chunk_scan_combined",
+             "mamba2_scan(algorithm='recurrent'), D, dt_bias, softplus, no z"),
+    Workload("mamba2_scan recurrent + 8 captures", "prefill", "mamba2", _scan("recurrent", True),
+             "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8),
+    Workload("mamba2_scan chunked", "prefill", "mamba2", _scan("chunked", False), "mamba_chunk_scan_combined",
+             "mamba2_scan(algorithm='chunked', chunk_size=256)"),
+    Workload("mamba2_scan chunked + 8 captures", "prefill", "mamba2", _scan("chunked", True),
+             "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8),
+    Workload("selective_state_update", "decode", "mamba2", _state_update, "selective_state_update",
+             "one decode token per row, state pool of batch slots"),
+    Workload("mamba1_scan", "prefill", "mamba1", _mamba1, "selective_scan_fn",
+             "mamba1_scan with z, D, delta_bias, softplus"),
+    Workload("causal_conv1d", "prefill", "any", _conv, None, "width 4, bias, silu, on the layer's conv dim"),
+    Workload("causal_conv1d_update", "decode", "any", _conv_update, None, "one decode token per row, width 4"),
+)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers: mamba_ssm's Triton ops (selective_scan_fn needs its CUDA extension: bench.static models
+# it analytically instead).
+# ---------------------------------------------------------------------------------------------
+def _peer_scan(ops):
+    def run(shape, tokens, new):
+        i = _mamba2(shape, tokens, new)
+        ops["mamba_chunk_scan_combined"](i["x"], i["dt"], i["A"], i["B"], i["C"], CHUNK, D=i["D"],
+                                         dt_bias=i["dt_bias"], dt_softplus=True, return_final_states=True)
+    return run
+
+
+def _peer_state_update(ops):
+    def run(shape, batch, new):
+        i = _decode(shape, batch, new)
+        H, P, N = shape.nheads, shape.headdim, shape.dstate
+        # as mamba_ssm's Mamba2 step calls it: per-row views by stride-0 expansion
+        ops["selective_state_update"](i["state"], i["x"], i["dt"][..., None].expand(-1, -1, P),
+                                      i["A"][:, None, None].expand(H, P, N), i["B"], i["C"],
+                                      D=i["D"][:, None].expand(H, P), dt_bias=i["dt_bias"][:, None].expand(H, P),
+                                      dt_softplus=True)
+    return run
+
+
+PEER_RUNNERS = {"mamba_chunk_scan_combined": _peer_scan, "selective_state_update": _peer_state_update}
+
+
+def mamba_ssm_ops() -> tuple[dict | None, str]:
+    """(mamba_ssm's Triton ops, how they were imported) or (None, why not)."""
+    from .peers import import_mamba_ssm_ops
+    return import_mamba_ssm_ops()
+
+
+def shapes_for(workload: Workload) -> list:
+    return [s for s in STANDARD_SHAPES if workload.layer in ("any", s.kind)]
+
+
+def new_tensor_factory(fill: str):
+    """A tensor maker: untouched storage ("empty") or zeros, in DTYPE unless told."""
+    def new(*size, dtype=DTYPE):
+        return (torch.zeros if fill == "zeros" else torch.empty)(*size, dtype=dtype)
+    return new
+
+
+def run_call(workload: str, shape: str, size: int, *, peer: bool = False, fill: str = "empty") -> None:
+    """Call a workload (ours, or its peer) once at a shape and size."""
+    w = WORKLOADS[workload]
+    new = new_tensor_factory(fill)
+    if peer:
+        ops, why = mamba_ssm_ops()
+        if ops is None:
+            raise RuntimeError(why)
+        PEER_RUNNERS[w.peer](ops)(SHAPES[shape], size, new)
+    else:
+        w.ours(SHAPES[shape], size, new)
+
+
+def count_sizes(workload: Workload, size: int) -> list[int]:
+    """Sizes the interpreter counts this call at (bench.counts): one and two chunks of tokens
+    for a prefill, batch 2 and 4 for a decode step (its grid grows with the batch, its programs
+    do not)."""
+    return [2, 4] if workload.kind == "decode" else [CHUNK, 2 * CHUNK]
+
+
+__all__ = ["WORKLOADS", "SHAPES", "PREFILL_TOKENS", "DECODE_BATCHES", "run_call", "count_sizes", "shapes_for",
+           "capture_offsets", "conv_dim", "mamba_ssm_ops"]
