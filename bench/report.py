@@ -118,13 +118,23 @@ def crossover_tokens(rows) -> int | None:
     return best
 
 
+def _colours(names):
+    """One colour per series name, the same in every panel of a figure."""
+    palette = [f"C{i}" for i in range(10)] + ["#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#637939"]
+    return {name: palette[i % len(palette)] for i, name in enumerate(sorted(set(names)))}
+
+
 def _plot_scan(results, out):
     plt = pyplot()
     if plt is None:
         return
+    from matplotlib.lines import Line2D
+
     rows = _ok(results["scan"])
     models = list(dict.fromkeys(r["model"] for r in results["scan"]))
     if rows and models:
+        colour = _colours(_series(r) for r in rows)
+        kinds = {}  # batch kind -> (series line style, roofline line style)
         cols = 2 if len(models) > 1 else 1
         nrows = (len(models) + cols - 1) // cols
         fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 4.2 * nrows), squeeze=False)
@@ -134,33 +144,41 @@ def _plot_scan(results, out):
             roof = defaultdict(dict)
             for r in mine:
                 kind = "batch 1" if r["batch"] == "1" else r["batch"]
+                kinds.setdefault(kind, ("-", "-.") if kind == "batch 1" else ("--", ":"))
                 series[(_series(r), kind)].append((r["seqlen"], r["tokens_per_s"]))
                 roof[kind][r["seqlen"]] = r["tokens"] / (r["roofline_ms"] / 1e3)
             for (name, kind), pts in sorted(series.items()):
                 pts.sort()
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                        linestyle="-" if kind == "batch 1" else "--", label=f"{name} ({kind})")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colour[name],
+                        linestyle=kinds[kind][0])
             for kind, pts in roof.items():
                 xs = sorted(pts)
-                ax.plot(xs, [pts[x] for x in xs], color="black", linewidth=1,
-                        linestyle=":" if kind != "batch 1" else "-.", label=f"roofline ({kind})")
+                ax.plot(xs, [pts[x] for x in xs], color="black", linewidth=1, linestyle=kinds[kind][1])
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(model, fontsize=10)
             ax.set_xlabel("tokens per pass")
             ax.set_ylabel("tokens/s")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=6)
         for ax in list(axes.flat)[len(models):]:
             ax.axis("off")
+        # One legend for every panel, below them: colour = implementation, line style = batch.
+        ordered = sorted(kinds.items(), key=lambda item: item[0] != "batch 1")
+        handles = [Line2D([], [], color=c, marker="o", label=name) for name, c in colour.items()]
+        handles += [Line2D([], [], color="grey", linestyle=styles[0], label=kind) for kind, styles in ordered]
+        handles += [Line2D([], [], color="black", linewidth=1, linestyle=styles[1], label=f"roofline ({kind})")
+                    for kind, styles in ordered]
+        per_row = 5 * cols
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), per_row), fontsize=7, frameon=False)
         fig.suptitle(f"Scan throughput (bf16) vs roofline at the measured copy bandwidth\n"
                      f"{_stamp(results, chr(10))}", fontsize=9)
-        fig.tight_layout()
+        legend_rows = -(-len(handles) // per_row)
+        fig.tight_layout(rect=(0, 0.03 + 0.035 * legend_rows / nrows, 1, 1))
         fig.savefig(out / "scan_throughput.png", dpi=110)
         plt.close(fig)
     decode = _ok(results["decode"])
     if decode:
-        fig, ax = plt.subplots(figsize=(8, 4.8))
+        fig, ax = plt.subplots(figsize=(9, 4.8))
         series = defaultdict(list)
         for r in decode:
             series[(r["model"], _series(r))].append((r["batch"], r["ms"] * 1e3))
@@ -172,7 +190,7 @@ def _plot_scan(results, out):
         ax.set_xlabel("batch (one token per row)")
         ax.set_ylabel("step latency, us")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside the data
         ax.set_title(f"Decode step\n{_stamp(results, chr(10))}", fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "scan_decode.png", dpi=110)

@@ -30,6 +30,7 @@ restores at the grid point below it (:attr:`WarmRestore.grid_replay_tokens`).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -45,6 +46,10 @@ from .rules import (
 )
 
 POLICIES = ("legacy", "split", "inpass", "free")
+# A plan lists every pass and capture: beyond these counts it is refused rather than built, so that
+# an absurd prompt length or rule answers at once instead of running out of time or memory.
+MAX_PASSES = 100_000
+MAX_CAPTURES = 100_000
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,8 @@ def plan_prefill(
 
     # Tail points and block alignment in steps that are both KV blocks and grid points.
     step = math.lcm(block_size, grid)
+    aligned = grid > 1 or policy in ("split", "inpass")
+    _check_plan_size(total, start, block_size, budget, interval, policy, step if aligned else None)
     split = tail_split_point(total, step)
     spans = _pass_spans(total, start, step, budget, first_budget, policy, split, grid)
 
@@ -224,7 +231,7 @@ def plan_prefill(
     passes = []
     for pass_start, length in spans:
         end = pass_start + length
-        captures = tuple(sorted(p for p in wanted if pass_start < p <= end))
+        captures = tuple(wanted[bisect.bisect_right(wanted, pass_start):bisect.bisect_right(wanted, end)])
         saves_end = (
             policy != "free"
             and end < total
@@ -236,6 +243,36 @@ def plan_prefill(
     return PrefillPlan(
         total=total, start=start, block_size=block_size, policy=policy, passes=passes, grid=grid
     )
+
+
+def _check_plan_size(total: int, start: int, block_size: int, budget: int, interval: int, policy: str,
+                     align: int | None) -> None:
+    """Refuse a plan that would list more than MAX_PASSES passes or MAX_CAPTURES interval captures,
+    from bounds computed without listing them.
+
+    Passes as the budget proposes them (``align`` None: legacy and free without a grid): every
+    pass but the first and the last is ``budget`` long. Aligned passes (split and inpass, and
+    every policy on a grid; ``align`` the alignment step): a pass is either ``budget`` long or
+    ends on a multiple of ``align``, and a pass that starts on one is at least ``budget`` floored
+    to whole steps long (``budget`` when that is below one step), so any two passes cover at
+    least that; the first pass, the pass cut at the split point and the last add at most three.
+    """
+    tokens = total - start
+    if align is None:
+        most_passes = -(-tokens // budget) + 2
+    else:
+        covered = budget if budget < align else budget // align * align
+        most_passes = 2 * -(-tokens // covered) + 3
+    if most_passes > MAX_PASSES:
+        raise ValueError(f"prefilling {tokens} tokens at a budget of {budget} could take up to {most_passes} passes, "
+                         f"more than the {MAX_PASSES} a plan may list: raise budget")
+    if policy == "free" and interval > 0:
+        step = interval * block_size
+        captures = max(0, (total - 1) // step - start // step)
+        if captures > MAX_CAPTURES:
+            raise ValueError(f"interval snapshots every {step} tokens (interval {interval} x block_size {block_size}) "
+                             f"over {tokens} tokens would be {captures} in-pass captures, more than the "
+                             f"{MAX_CAPTURES} a plan may list: raise interval")
 
 
 def _check_branch_points(branch_points: Iterable[int], total: int) -> tuple[int, ...]:

@@ -5,6 +5,8 @@ anything, so rejected input leaves outputs, states and caches untouched.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
@@ -44,10 +46,19 @@ class ScanResult(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 # Tensor checks
 # ---------------------------------------------------------------------------------------------
+def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
+    """Refuse a tensor on the meta device: it has a shape but no values to compute with."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds shapes but no data; move it to a real device "
+                         "(e.g. .to('cpu') or .to('cuda')) before running a kernel on it")
+    return t
+
+
 def check_tensor(name: str, t, dims: Sequence[tuple[str, int | None]], dtypes=None) -> torch.Tensor:
-    """Check that `t` is a tensor of the named shape (None matches any size) and dtype."""
+    """Check that `t` is a tensor with data, of the named shape (None matches any size) and dtype."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_has_data(name, t)
     names = ", ".join(n for n, _ in dims)
     if t.ndim != len(dims):
         raise ValueError(f"{name} must have {len(dims)} dimensions ({names}), got shape {tuple(t.shape)}")
@@ -75,14 +86,56 @@ def check_same_device(**tensors) -> torch.device:
     return first.device
 
 
+def check_bool(name: str, value) -> bool:
+    """A flag must be True or False: a string such as "False" or a tensor would otherwise be taken
+    for its truth value."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {value!r} ({type(value).__name__})")
+    return value
+
+
 def check_dt_limit(dt_limit) -> tuple[float, float]:
+    """(min, max) as floats: two real numbers (int or float, not bool, str or NaN) with min <= max."""
     try:
-        lo, hi = (float(v) for v in dt_limit)
-    except (TypeError, ValueError):
-        raise TypeError(f"dt_limit must be a pair of floats (min, max), got {dt_limit!r}") from None
+        pair = tuple(dt_limit)
+    except TypeError:
+        pair = None
+    if pair is None or len(pair) != 2 or not all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and not math.isnan(v) for v in pair):
+        raise TypeError(f"dt_limit must be a pair of real numbers (min, max), got {dt_limit!r}")
+    lo, hi = float(pair[0]), float(pair[1])
     if not lo <= hi:
         raise ValueError(f"dt_limit must satisfy min <= max, got {dt_limit!r}")
     return lo, hi
+
+
+def _may_overlap(t: torch.Tensor) -> bool:
+    """Whether two indices of t may address one element: with its dims of size > 1 sorted by
+    stride, each stride must pass the farthest offset the smaller ones reach (a stride-0 expanded
+    dim never does). Conservative: an interleaved but disjoint layout counts as overlapping."""
+    if t.numel() == 0:
+        return False
+    reach = 0
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def check_inplace_target(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A tensor a kernel updates in place (a state pool): it must not require grad (the kernels
+    have no backward, and an in-place write would bypass autograd), and no element may be
+    reachable through two indices (an expanded or otherwise overlapping view: a write to one
+    slot would change others). Any other strides are fine: the kernels take strides."""
+    if t.requires_grad:
+        raise ValueError(f"{name} requires grad, but the kernels update it in place and have no backward: "
+                         f"pass a tensor that does not require grad (e.g. {name}.detach())")
+    if _may_overlap(t):
+        raise ValueError(f"{name} has overlapping memory (shape {tuple(t.shape)}, strides {t.stride()}, e.g. an "
+                         f"expanded view): an in-place update would write one element through several indices; "
+                         f"pass a tensor with its own memory per element (e.g. {name}.contiguous())")
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,10 +217,9 @@ def _capture_pairs(capture) -> list[tuple[int, int]]:
     if isinstance(capture, torch.Tensor):
         if capture.dtype.is_floating_point or capture.dtype.is_complex or capture.dtype == torch.bool:
             raise TypeError(f"capture must be an integer tensor, got dtype {capture.dtype}")
-        if capture.numel() == 0:
-            return []
         if capture.ndim != 2 or capture.shape[1] != 2:
-            raise ValueError(f"capture must have shape (ncapture, 2), got {tuple(capture.shape)}")
+            raise ValueError(f"capture must have shape (ncapture, 2) (ncapture may be 0), got {tuple(capture.shape)}")
+        check_has_data("capture", capture)
         return [(int(s), int(k)) for s, k in capture.tolist()]
     pairs = []
     try:

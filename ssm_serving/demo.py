@@ -11,11 +11,12 @@ and replays 20; in-pass capture (inpass, free) restores at 32768 and replays 4.
 By default the incident is scaled down 8x (budget 1024, total 4100, interval 4) so that it runs
 in seconds on a CPU; the relations that made the incident stay: the first chunk is one token past
 a block boundary, and under legacy the tail split point falls inside the second-to-last chunk.
-``--full`` runs it at full size (about 3.5 minutes on a 2-core CPU). Token-wise projections
-throughout, and two scans (PyTorch on CPU, Triton on CUDA): the recurrent one, exact at any
-split, and the chunked one (chunk 256, less at small scales), exact at multiples of its chunk
-size, so its engine plans on that grid (planner's grid option): its warm requests restore at a
-grid point and are bit-identical too. Its table shows the replay that grid costs.
+``--full`` runs it at full size (minutes on a CPU; the README quotes measured times).
+Batch-invariant projections and norms throughout, and two scans (PyTorch on CPU, Triton on CUDA):
+the recurrent one, exact at any split, and the chunked one (chunk 256, less at small scales),
+exact at multiples of its chunk size, so its engine plans on that grid (planner's grid option):
+its warm requests restore at a grid point and are bit-identical too. Its table shows the replay
+that grid costs.
 
     python -m ssm_serving.demo [--scale N | --full] [--layers L] [--hidden H] ...
 """
@@ -31,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from planner import POLICIES, plan_prefill
+from ssm_kernels import MAX_DSTATE
 
 from .engine import Engine
 from .model import HybridConfig, HybridLM
@@ -83,14 +85,21 @@ def _scale(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_from(low: int, high: int | None = None):
+    """An argparse type: an int in [low, high] (no upper bound when high is None)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}" if high is None
+                                             else f"must be from {low} to {high}, got {value}")
+        return value
+    return parse
+
+
+_positive = _int_from(1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -104,12 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--scans", nargs="+", choices=SCANS, default=list(SCANS), metavar="SCAN",
                         help=f"Mamba scans to serve with (default: both of {', '.join(SCANS)})")
     parser.add_argument("--layers", type=_positive, default=4, help="model layers (default 4)")
-    parser.add_argument("--attention-every", type=int, default=2,
+    parser.add_argument("--attention-every", type=_int_from(0), default=2,
                         help="every n-th layer is attention, the rest Mamba-2 (default 2; 0: none)")
     parser.add_argument("--hidden", type=_positive, default=64, help="model width, a multiple of 16 (default 64)")
-    parser.add_argument("--state-size", type=_positive, default=16, help="Mamba-2 state size (default 16)")
+    parser.add_argument("--state-size", type=_int_from(1, MAX_DSTATE), default=16,
+                        help=f"Mamba-2 state size, at most {MAX_DSTATE} (default 16)")
     parser.add_argument("--vocab", type=_positive, default=256, help="vocabulary size (default 256)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt (default 0)")
+    parser.add_argument("--seed", type=_int_from(0), default=0, help="seed of the weights and the prompt (default 0)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when available (default)")
     parser.add_argument("--threads", type=_positive, default=1,
@@ -126,8 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.attention_every < 0:
-        parser.error(f"argument --attention-every: must be >= 0, got {args.attention_every}")
     if args.hidden % 16:
         parser.error(f"argument --hidden: must be a multiple of 16 (2 * hidden channels in Mamba heads of 32), "
                      f"got {args.hidden}")

@@ -23,6 +23,9 @@ import torch
 from planner import PrefixCache, plan_prefill
 
 from .model import HybridLM, ModelSnapshot
+from .model.hybrid import check_tokens
+
+LOGITS = ("all", "last")
 
 
 class KVBlockStore:
@@ -100,6 +103,11 @@ class Engine:
     def __init__(self, model: HybridLM, *, policy: str, block_size: int, budget: int,
                  first_budget: int | None = None, interval: int = 0, max_snapshots: int | None = None,
                  eviction: str = "lru", logits: str = "all", grid: int | None = None):
+        if not isinstance(model, HybridLM):
+            raise TypeError(f"model must be a HybridLM, got {type(model).__name__}")
+        model.check_device()
+        if logits not in LOGITS:
+            raise ValueError(f"logits must be one of {LOGITS} (what serve returns), got {logits!r}")
         self.model = model
         self.policy = policy
         grid = model.config.scan_grid if grid is None else grid
@@ -115,9 +123,11 @@ class Engine:
     def serve(self, tokens: Sequence[int], on_tokens: Callable[[int], None] | None = None) -> ServeResult:
         """Prefill one prompt (a sequence of token ids); ``on_tokens(n)`` after each pass of n."""
         began = time.perf_counter()
-        tokens = tuple(int(t) for t in tokens)
+        tokens = tuple(check_tokens(tokens, self.model.config.vocab_size))
         if not tokens:
             raise ValueError("a prompt must have at least 1 token")
+        if on_tokens is not None and not callable(on_tokens):
+            raise TypeError(f"on_tokens must be a function of the pass length or None, got {type(on_tokens).__name__}")
         total = len(tokens)
         match = self.cache.lookup(tokens)
         snapshot = None if match.snapshot is None else self.snapshots[match.snapshot]

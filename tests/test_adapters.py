@@ -241,6 +241,57 @@ def test_generate_matches_transformers(family, device):
     assert torch.equal(model.generate(ids, **opts), ref)
 
 
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba", "Bamba"])
+def test_generate_continues_a_restored_cache(family, device):
+    """generate(whole prompt, cache=restored at p) computes only the prompt's tokens past p and
+    gives a cold generate's tokens; a prompt not longer than p is refused before anything runs."""
+    model, _ = build(family, device)
+    use_ssm_kernels(model)
+    ids, _ = inputs(device)
+    opts = dict(max_new_tokens=DECODE, do_sample=False, pad_token_id=0, output_scores=True,
+                return_dict_in_generate=True)
+    cold = model.generate(ids, **opts)
+    at = CAPTURE[1]
+    with capture_states(model, positions=[at]) as snaps:
+        run(model, ids, DynamicCache(config=model.config), 0)
+
+    def restored():
+        cache = DynamicCache(config=model.config)
+        if hf_cache.attention_lengths(cache):  # hybrid: the attention cache of [0, at) first
+            run(model, ids[:, :at], cache, 0)
+        return restore_states(model, cache, snaps.at(at))
+
+    cache, fed = restored(), []
+    hook = model.register_forward_pre_hook(lambda m, a, k: fed.append(k["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        warm = model.generate(ids, cache=cache, **opts)
+    finally:
+        hook.remove()
+    assert fed[0] == PROMPT - at, f"the first pass computed {fed[0]} tokens, not the {PROMPT - at} past the cache"
+    assert torch.equal(warm.sequences, cold.sequences)
+    assert_rel_close(torch.stack(warm.scores), torch.stack(cold.scores), TOL, "generate scores from the restored cache")
+
+    cache = restored()
+    before = cache_states(cache, ssm_layer_ids(model))
+    for short in (ids[:, :at], ids[:, at:]):  # the prefix the cache holds, or only the tail
+        if hf_cache.attention_lengths(cache):
+            break  # transformers itself slices by the attention cache's length
+        with pytest.raises(ValueError, match=rf"generate was given {short.shape[1]} tokens.*SSM layers are at "
+                                             rf"position {at}: pass the whole sequence"):
+            model.generate(short, cache=cache, **opts)
+        assert_same_states(cache_states(cache, ssm_layer_ids(model)), before)
+
+
+def test_snapshot_reprs_show_shapes_not_data(device):
+    model, _ = build("Mamba2", device)
+    use_ssm_kernels(model)
+    ids, _ = inputs(device)
+    with capture_states(model, positions=[5, 9]) as snaps:
+        run(model, ids, DynamicCache(config=model.config), 0)
+    assert repr(snaps) == "Captured(8 snapshots at positions [5, 9], layers [0, 1])"
+    assert repr(snaps[0]) == "LayerSnapshot(position=5, conv=(128, 3) float32, ssm=(8, 8, 16) float32, layer=0)"
+
+
 @pytest.mark.parametrize("family", ["Mamba2", "Bamba", "Jamba"])
 def test_restore_rejects_bad_snapshots(family, device):
     """Wrong layer, shape, position, batch or type: a clear error, and the cache is untouched."""

@@ -218,7 +218,8 @@ CASES = [
     (dict(initial_states=torch.randn(2, DIM, WIDTH)), ValueError, r"initial_states .*width - 1 is 4, expected 3"),
     (dict(initial_states=torch.randn(2, DIM, WIDTH - 1).bfloat16()), TypeError,
      "initial_states must have x's dtype float32"),
-    (dict(bias=torch.randn(DIM, device="meta")), ValueError, "bias is on meta but x is on cpu"),
+    (dict(bias=torch.randn(DIM, device="meta")), ValueError, "bias is on the meta device, which holds shapes but no data"),
+    (dict(capture=torch.empty(3, 0, dtype=torch.int64)), ValueError, r"capture must have shape \(ncapture, 2\)"),
     (dict(cu_seqlens=torch.tensor([0, 5, 10])), ValueError, "varlen batch .* must have batch size 1, got 2"),
     (dict(capture=[(0, 6)]), ValueError, "capture offset 6 for sequence 0 is past its length 5"),
     (dict(capture=[(2, 0)]), ValueError, r"capture\[0\] names sequence 2, but the batch has 2 sequences"),
@@ -243,6 +244,9 @@ UPDATE_CASES = [
     (dict(state_indices=None, conv_state=torch.randn(2, DIM, WIDTH - 1)), ValueError,
      r"the batch \(3\) must not exceed conv_state's slots \(2\)"),
     (dict(activation="gelu"), ValueError, "activation must be one of"),
+    (dict(conv_state=torch.randn(1, DIM, WIDTH - 1).expand(4, DIM, WIDTH - 1)), ValueError,
+     r"conv_state has overlapping memory \(shape \(4, 12, 3\), strides \(0, 3, 1\)"),
+    (dict(conv_state=torch.randn(4, DIM, WIDTH - 1, requires_grad=True)), ValueError, "conv_state requires grad"),
 ]
 
 

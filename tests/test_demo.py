@@ -76,6 +76,9 @@ def test_module_entry_point_shows_progress_on_stderr():
     (["--layers", "0"], "must be >= 1"),
     (["--hidden", "30"], "must be a multiple of 16"),
     (["--attention-every", "-1"], "must be >= 0"),
+    (["--state-size", "1000"], "argument --state-size: must be from 1 to 256, got 1000"),
+    (["--state-size", "0"], "argument --state-size: must be from 1 to 256"),
+    (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_bad_arguments_are_usage_errors(argv, message, capsys):
@@ -85,6 +88,13 @@ def test_bad_arguments_are_usage_errors(argv, message, capsys):
     err = capsys.readouterr().err
     assert "usage:" in err
     assert re.search(message, err), err
+
+
+def test_cli_demo_bad_state_size_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--state-size", "1000"])
+    assert exit_info.value.code == 2
+    assert "argument --state-size: must be from 1 to 256, got 1000" in capsys.readouterr().err
 
 
 def test_cli_needs_a_command(capsys):

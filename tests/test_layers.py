@@ -1,10 +1,13 @@
-"""Mamba mixer layers: transformers' weights load unchanged and give its outputs; snapshots
-restore bit for bit; the decode step equals a one-token pass; mismatched states are rejected."""
+"""Mamba mixer layers: transformers' weights load unchanged and give its outputs; the row ops are
+batch-invariant; with exact=True snapshots restore bit for bit and the decode step equals a
+one-token pass; mismatched states are rejected."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import assert_rel_close
-from ssm_kernels.layers import LayerState, Mamba1Mixer, Mamba2Mixer
+from ssm_kernels.layers import GatedRMSNorm, LayerState, Mamba1Mixer, Mamba2Mixer, exact_linear, exact_rowwise
+from ssm_kernels.layers.rows import tile_rows
 
 HIDDEN = 32
 
@@ -63,6 +66,63 @@ def test_loads_transformers_weights_and_matches_its_torch_forward(kind):
 
 
 # -------------------------------------------------------------------------------------------
+# Batch-invariant row ops: a row's result whatever rows come with it
+# -------------------------------------------------------------------------------------------
+def _row_ops(dtype, device):
+    """(name, input widths, function) of the ops the layers and the served model run as rows."""
+    torch.manual_seed(1)
+    ops = []
+    for k, n in ((32, 292), (64, 5), (24, 100), (256, 600)):  # projections, odd and wide ones too
+        linear = torch.nn.Linear(k, n, bias=n % 2 == 0, dtype=dtype, device=device)
+        ops.append((f"linear {k}->{n}", (k,), lambda x, f=linear: exact_linear(f, x)))
+    for width, group in ((128, 64), (600, 600), (70, 35)):
+        norm = GatedRMSNorm(width, group, dtype=dtype, device=device)
+        with torch.no_grad():
+            norm.weight.add_(torch.randn(width, dtype=dtype, device=device))
+        ops.append((f"gated norm {width}/{group}", (width, width), lambda y, g, f=norm: exact_rowwise(f, y, g)))
+    ops.append(("silu * up 1000", (1000, 1000), lambda g, u: exact_rowwise(lambda a, b: F.silu(a) * b, g, u)))
+    return ops
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_ops_are_bitwise_the_same_whatever_rows_come_with_a_row(dtype, threads, device):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for name, widths, op in _row_ops(dtype, device):
+            row = [(torch.randn(1, w) * 3).to(device, dtype) for w in widths]
+            alone = op(*row)
+            for count in (1, 7, 64, 65, 130):
+                others = [(torch.randn(count, w) * 3).to(device, dtype) for w in widths]
+                for at in sorted({0, 1, count // 2, count - 2, count - 1} & set(range(count))):
+                    batch = [o.clone() for o in others]
+                    for b, r in zip(batch, row):
+                        b[at] = r[0]
+                    assert torch.equal(op(*batch)[at:at + 1], alone), (name, dtype, threads, count, at)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_elementwise_tiles_are_whole_vector_steps_on_one_thread():
+    assert tile_rows(32) == 64 and tile_rows(100) == 64 and tile_rows(512) == 64
+    assert tile_rows(1000) == 32 and tile_rows(4096) == 8 and tile_rows(8192) == 4
+    assert tile_rows(1001) == 1 and tile_rows(50000) == 1  # odd wide rows: one row per tile
+    for width in range(1, 3000, 7):
+        rows = tile_rows(width)
+        assert rows == 1 or (rows * width % 64 == 0 and rows * width <= 32768)
+
+
+def test_exact_row_ops_keep_leading_shapes_and_empty_inputs():
+    linear = torch.nn.Linear(8, 3)
+    x = torch.randn(2, 5, 8)
+    assert exact_linear(linear, x).shape == (2, 5, 3)
+    assert exact_linear(linear, x[:, :0]).shape == (2, 0, 3)
+    assert_rel_close(exact_linear(linear, x), linear(x).detach().double(), 1e-6, "tiled == plain to rounding")
+
+
+# -------------------------------------------------------------------------------------------
 # Exactness: snapshots, splits, neighbours, decode
 # -------------------------------------------------------------------------------------------
 SEQLEN = 11
@@ -70,7 +130,13 @@ SEQLEN = 11
 
 @pytest.fixture(params=sorted(MIXERS))
 def layer(request):
-    return randomised(MIXERS[request.param](backend="torch"))
+    return randomised(MIXERS[request.param](backend="torch", exact=True))
+
+
+def test_exact_is_off_by_default_and_a_bool():
+    assert mamba2().exact is False and mamba1().exact is False
+    with pytest.raises(TypeError, match=r"exact must be a bool \(True or False\), got 'yes'"):
+        mamba2(exact="yes")
 
 
 @torch.no_grad()
@@ -128,7 +194,7 @@ def test_decode_step_equals_one_token_pass_and_continues_a_prefill(layer):
 
 @torch.no_grad()
 def test_bfloat16_split_is_bitwise():
-    layer = randomised(mamba2(backend="torch", dtype=torch.bfloat16))
+    layer = randomised(mamba2(backend="torch", exact=True, dtype=torch.bfloat16))
     hidden = torch.randn(1, 9, HIDDEN, dtype=torch.bfloat16)
     whole = layer(hidden, capture=[(0, 5)])
     assert whole.snapshots[0].conv.dtype == torch.bfloat16 and whole.snapshots[0].ssm.dtype == torch.float32
@@ -140,7 +206,7 @@ def test_bfloat16_split_is_bitwise():
 def test_triton_backend_runs_the_layer_bitwise(device):
     """Both kernels through Triton (the interpreter on CPU): a restored snapshot continues exactly
     and the result is close to the PyTorch path."""
-    layer = randomised(mamba2(backend="triton")).to(device)
+    layer = randomised(mamba2(backend="triton", exact=True)).to(device)
     hidden = torch.randn(1, 7, HIDDEN, device=device)
     whole = layer(hidden, capture=[(0, 3)])
     tail = layer(hidden[:, 3:], state=layer.restore(whole.snapshots[0]))
@@ -184,6 +250,22 @@ def test_snapshot_of_another_shape_is_rejected():
         small.restore(m1_snap)
     with pytest.raises(TypeError, match="must be a Snapshot"):
         small.restore([object()])
+
+
+def test_step_refuses_overlapping_or_grad_states_before_writing():
+    for layer in (mamba2(), mamba1()):
+        state = layer.initial_state(2)
+        hidden = torch.randn(2, HIDDEN)
+        for bad, message in ((LayerState(state.conv[:1].expand_as(state.conv), state.ssm, state.positions),
+                              "state.conv has overlapping memory"),
+                             (LayerState(state.conv, state.ssm[:1].expand_as(state.ssm), state.positions),
+                              "state.ssm has overlapping memory"),
+                             (LayerState(state.conv, state.ssm.clone().requires_grad_(), state.positions),
+                              "state.ssm requires grad")):
+            conv_before = bad.conv.detach().clone()
+            with pytest.raises(ValueError, match=message):
+                layer.step(hidden, bad)
+            assert torch.equal(bad.conv, conv_before) and bad.positions == (0, 0)
 
 
 @pytest.mark.parametrize("bad, error, message", [

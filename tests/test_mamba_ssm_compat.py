@@ -65,15 +65,18 @@ def test_chunk_scan_dense_matches_reference(device):
                                               dt_softplus=True, dt_limit=(0.3, 0.8)).y, TOL, "dt_limit")
 
 
-def test_chunk_scan_default_dt_limit_means_no_clamp(device):
-    """mamba_ssm's default (0, inf) does not clamp: a negative dt without softplus stays negative."""
+def test_chunk_scan_default_dt_limit_clamps_like_mamba_ssm(device):
+    """mamba_ssm's kernel clamps dt' to dt_limit, default (0, inf): a negative dt (no softplus)
+    becomes 0. An explicit (-inf, inf) leaves it alone."""
     kw = to(device, mamba2_inputs(1, 7))
     dt = -kw["dt"].abs() * 0.2
     out = mamba_chunk_scan_combined(kw["x"], dt, kw["A"], kw["B"], kw["C"], 8)
+    clamped = mamba2_scan_ref(kw["x"], dt, kw["A"], kw["B"], kw["C"], dt_limit=(0.0, math.inf)).y
     unclamped = mamba2_scan_ref(kw["x"], dt, kw["A"], kw["B"], kw["C"], dt_limit=NO_CLAMP).y
-    clamped = mamba2_scan_ref(kw["x"], dt, kw["A"], kw["B"], kw["C"]).y
-    assert_rel_close(out, unclamped, TOL, "out")
-    assert (out.double() - clamped).abs().max() > 1e-3  # the case matters
+    assert_rel_close(out, clamped, TOL, "out")
+    assert (clamped - unclamped).abs().max() > 1e-3  # the case matters
+    free = mamba_chunk_scan_combined(kw["x"], dt, kw["A"], kw["B"], kw["C"], 8, dt_limit=NO_CLAMP)
+    assert_rel_close(free, unclamped, TOL, "dt_limit=(-inf, inf)")
 
 
 def test_chunk_scan_packed_sequences(device):
@@ -110,13 +113,38 @@ def test_chunk_scan_varlen_states_without_seq_idx(device):
     assert_rel_close(varlen, ref.captured_states, TOL, "varlen_states")
 
 
+def test_chunk_scan_seq_idx_without_cu_seqlens(device):
+    """mamba_ssm's usual packed call: seq_idx alone, on a batch of two rows. Each run of equal
+    labels is a sequence; initial_states[b] is the state before row b's label-0 tokens (row 1
+    starts at label 2, so it has none); final_states is each row's last state."""
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 3, 3], [2, 2, 2, 2, 2, 4, 4, 4, 4]], dtype=torch.int32)
+    kw = to(device, mamba2_inputs(2, 9))
+    out, final = mamba_chunk_scan_combined(
+        kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 4, D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
+        initial_states=kw["initial_states"], seq_idx=seq_idx.to(device), dt_softplus=True, return_final_states=True)
+    for row, starts in ((0, [0, 3, 7, 9]), (1, [0, 5, 9])):
+        for i, (lo, hi) in enumerate(zip(starts, starts[1:])):
+            init = kw["initial_states"][row:row + 1] if row == 0 and i == 0 else torch.zeros_like(
+                kw["initial_states"][:1])
+            piece = {k: v[row:row + 1, lo:hi] for k, v in kw.items() if k in ("x", "dt", "B", "C", "z")}
+            ref = mamba2_scan_ref(**piece, A=kw["A"], D=kw["D"], dt_bias=kw["dt_bias"], initial_states=init,
+                                  dt_softplus=True)
+            assert_rel_close(out[row:row + 1, lo:hi], ref.y, TOL, f"row {row} sequence {i}")
+        assert_rel_close(final[row:row + 1], ref.final_states, TOL, f"row {row} final state")
+
+
 @pytest.mark.parametrize("changes, error, message", [
-    (dict(seq_idx=torch.zeros(1, 6, dtype=torch.int32)), ValueError, "seq_idx without cu_seqlens"),
+    (dict(seq_idx=torch.tensor([[0, 0, 1, 1, 0, 0]])), ValueError,
+     r"seq_idx must not decrease along a row.*seq_idx\[0, 4\] = 0 after seq_idx\[0, 3\] = 1"),
+    (dict(seq_idx=torch.zeros(1, 6)), TypeError, "seq_idx must be an integer tensor"),
     (dict(return_varlen_states=True), ValueError, "needs cu_seqlens"),
     (dict(seq_idx=torch.tensor([[0, 0, 1, 1, 1, 1]]), cu_seqlens=torch.tensor([0, 3, 6])), ValueError,
      "seq_idx disagrees with cu_seqlens at token 2"),
     (dict(chunk_size=0), ValueError, "chunk_size must be positive"),
     (dict(A=-torch.rand(4).to(torch.complex64)), TypeError, "A is complex"),
+    (dict(dt_softplus="False"), TypeError, r"dt_softplus must be a bool \(True or False\), got 'False'"),
+    (dict(return_final_states=1), TypeError, "return_final_states must be a bool"),
+    (dict(dt_limit=("0", "1")), TypeError, "dt_limit must be a pair of real numbers"),
 ])
 def test_chunk_scan_rejects_what_it_cannot_honour(changes, error, message):
     kw = mamba2_inputs(1, 6)
@@ -169,22 +197,87 @@ def test_state_update_mamba1_layout(heads, device):
     assert_rel_close(state.reshape(batch, dim, dstate), ref.final_states, TOL, "state")
 
 
-def test_state_update_half_state_and_rejections(device):
-    batch, nheads, headdim, dstate = 2, 4, 8, 16
+def _decode_inputs(device, batch=2, nheads=4, headdim=8, dstate=16):
     kw = to(device, mamba2_inputs(batch, 1, nheads, headdim, 1, dstate))
     x, dt, B, C = kw["x"][:, 0], kw["dt"][:, 0], kw["B"][:, 0], kw["C"][:, 0]
-    A3 = kw["A"][:, None, None].expand(-1, headdim, dstate)
-    dt3 = dt[..., None].expand(-1, -1, headdim)
-    state = torch.randn(batch, nheads, headdim, dstate, device=device).to(torch.bfloat16)
-    expected = state.float()
-    ref = selective_state_update_ref(expected, x, dt, kw["A"], B, C, dt_softplus=True, dt_limit=NO_CLAMP)
-    y = selective_state_update(state, x, dt3, A3, B, C, dt_softplus=True)
-    assert_rel_close(y, ref, TOL, "out (bfloat16 state)")
-    assert_rel_close(state, expected, TOLERANCE[torch.bfloat16], "bfloat16 state")
+    A3 = kw["A"][:, None, None].expand(-1, headdim, dstate)  # mamba_ssm's tie_hdim layout: stride 0
+    return x, dt, kw["A"], A3, B, C
 
+
+def test_state_update_half_state_touches_only_the_batch_slots(device):
+    """A bfloat16 pool: the batch's slots go through float32 and are rounded back; the others keep
+    every bit, and no op reads or writes the whole pool (no per-step O(nslots) copy) or compares
+    values (mamba_ssm's tie_hdim is read from the strides)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x, dt, A, A3, B, C = _decode_inputs(device)
+    dt3 = dt[..., None].expand(-1, -1, x.shape[-1])
+    state = torch.randn(64, *x.shape[1:], 16, device=device).to(torch.bfloat16)
+    slots = torch.tensor([41, 3], device=device)
     before = state.clone()
-    with pytest.raises(ValueError, match="distinct"):
-        selective_state_update(state, x, dt3, A3, B, C, state_batch_indices=torch.tensor([1, 1], device=device))
-    with pytest.raises(ValueError, match="dt must have shape"):
-        selective_state_update(state, x, dt3[:, :, :3], A3, B, C)
-    assert torch.equal(state, before)
+    expected = state[slots].float()
+    ref = selective_state_update_ref(expected, x, dt, A, B, C, dt_softplus=True, dt_limit=NO_CLAMP)
+
+    class Ops(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.__name__.split(".")[0].endswith("_"):  # in-place ops return their target
+                self.seen += [(str(func), t.numel()) for t in (out if isinstance(out, tuple) else (out,))
+                              if isinstance(t, torch.Tensor)]
+            return out
+
+    with Ops():
+        y = selective_state_update(state, x, dt3, A3, B, C, dt_softplus=True, state_batch_indices=slots)
+    assert_rel_close(y, ref, TOL, "out (bfloat16 state)")
+    assert_rel_close(state[slots], expected, TOLERANCE[torch.bfloat16], "bfloat16 state")
+    assert torch.equal(state[slots], expected.to(torch.bfloat16))  # rounded back as mamba_ssm stores it
+    others = torch.ones(64, dtype=torch.bool)
+    others[slots.cpu()] = False
+    assert torch.equal(state[others.to(device)], before[others.to(device)])
+    assert not [op for op, _ in Ops.seen if "equal" in op]
+    assert max(n for _, n in Ops.seen) < state.numel() // 8, sorted(Ops.seen, key=lambda s: -s[1])[:3]
+
+
+def test_state_update_layout_is_read_from_strides(device, monkeypatch):
+    """Broadcast (stride-0) A and dt run the Mamba-2 step; the same values materialised run the
+    per-channel path, as in mamba_ssm; both give the reference's result."""
+    import ssm_kernels.adapters.mamba_ssm_compat as compat
+
+    x, dt, A, A3, B, C = _decode_inputs(device)
+    dt3 = dt[..., None].expand(-1, -1, x.shape[-1])
+    calls = []
+    for name in ("_state_update", "mamba1_scan"):
+        real = getattr(compat, name)
+        monkeypatch.setattr(compat, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    pool = torch.randn(2, *x.shape[1:], 16, device=device)
+    expected = pool.clone()
+    ref = selective_state_update_ref(expected, x, dt, A, B, C, dt_softplus=True, dt_limit=NO_CLAMP)
+    for A_in, dt_in, path in ((A3, dt3, "_state_update"), (A3.contiguous(), dt3.contiguous(), "mamba1_scan")):
+        state = pool.clone()
+        y = selective_state_update(state, x, dt_in, A_in, B, C, dt_softplus=True)
+        assert calls[-1] == path
+        assert_rel_close(y, ref, TOL, f"out via {path}")
+        assert_rel_close(state, expected, TOL, f"state via {path}")
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (dict(state_batch_indices=torch.tensor([1, 1])), ValueError, "distinct"),
+    (dict(dt=lambda dt3: dt3[:, :, :3]), ValueError, "dt must have shape"),
+    (dict(dt_softplus="False"), TypeError, "dt_softplus must be a bool"),
+    (dict(state=lambda s: s[:1].expand(2, *s.shape[1:])), ValueError, "state has overlapping memory"),
+    (dict(state=lambda s: s.requires_grad_()), ValueError, "state requires grad"),
+])
+def test_state_update_rejections_write_nothing(bad, error, message, device):
+    x, dt, A, A3, B, C = _decode_inputs(device)
+    dt3 = dt[..., None].expand(-1, -1, x.shape[-1])
+    state = torch.randn(2, *x.shape[1:], 16, device=device)
+    before = state.clone()
+    args = dict(state=state, x=x, dt=dt3, A=A3, B=B, C=C)
+    for name, value in bad.items():
+        args[name] = value(args[name]) if callable(value) else (
+            value.to(device) if isinstance(value, torch.Tensor) else value)
+    with pytest.raises(error, match=message):
+        selective_state_update(**args)
+    assert torch.equal(state.detach(), before)

@@ -74,16 +74,65 @@ def test_last_logits_only(model, references):
 def test_restore_and_inputs_are_checked(model):
     out = model.forward_pass(prompt(5), model.new_state(), capture=[5])
     kv = model.kv_rows(out.state)
-    with pytest.raises(ValueError, match=r"KV rows \(4\) must cover the snapshot's 5 positions"):
+    with pytest.raises(ValueError, match=r"KV keys of shape \(4, 2, 16\) must be \(position, heads, head_dim\) = "
+                                         r"\(5, 2, 16\)"):
         model.restore(out.snapshots[0], [(k[:4], v[:4]) for k, v in kv])
+    with pytest.raises(TypeError, match="KV values must be torch.float32 on cpu, got torch.float32 on meta"):
+        model.restore(out.snapshots[0], [(k, v.to("meta")) for k, v in kv])
     with pytest.raises(ValueError, match="does not fit a model"):
         model.restore(out.snapshots[0], kv[:1])
-    with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
-        model.forward_pass([1, 64], model.new_state())
     with pytest.raises(ValueError, match="logits must be one of"):
         model.forward_pass([1], model.new_state(), logits="first")
-    with pytest.raises(ValueError, match="num_layers must be an int >= 1"):
-        HybridConfig(num_layers=0)
+
+
+@pytest.mark.parametrize("tokens, capture, error, message", [
+    ([1, 64], (), ValueError, r"token ids must be in \[0, 64\), got tokens\[1\] = 64"),
+    ([1, -1], (), ValueError, r"got tokens\[1\] = -1"),
+    ([1, 2, 3.9], (), TypeError, r"tokens\[2\] must be an int token id, got 3.9 \(float\)"),
+    ([1, True], (), TypeError, r"tokens\[1\] must be an int token id, got True \(bool\)"),
+    ("abc", (), TypeError, "tokens must be a sequence of ints or a 1-D integer tensor, got str"),
+    (torch.tensor([[1, 2]]), (), TypeError, r"a tensor of shape \(1, 2\)"),
+    (torch.tensor([1.0, 2.0]), (), TypeError, "dtype torch.float32"),
+    ([1, 2, 3], [4], ValueError, r"capture\[0\] = 4 is outside this pass's offsets 0..3"),
+    ([1, 2, 3], [1.5], TypeError, r"capture\[0\] must be an int offset, got 1.5"),
+])
+def test_forward_pass_rejects_bad_tokens_and_offsets_before_advancing(model, tokens, capture, error, message):
+    state = model.forward_pass(prompt(3), model.new_state()).state
+    kv_before = [k.clone() for k, _ in model.kv_rows(state)]
+    with pytest.raises(error, match=message):
+        model.forward_pass(tokens, state, capture=capture)
+    assert state.position == 3 and all(torch.equal(k, b) for (k, _), b in zip(model.kv_rows(state), kv_before))
+
+
+def test_integer_tensor_tokens_are_served_like_lists(model, references):
+    tokens = prompt(9, seed=4)
+    engine = Engine(model, policy="split", block_size=8, budget=16)
+    assert torch.equal(engine.serve(torch.tensor(tokens)).logits, references(tokens))
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(num_layers=0), ValueError, "num_layers must be an int >= 1"),
+    (dict(dtype=torch.int64), TypeError, r"dtype must be one of torch.float32, torch.float16, torch.bfloat16 .*"
+                                         r"got torch.int64"),
+    (dict(dtype="float32"), TypeError, "dtype must be one of"),
+    (dict(eps=0.0), ValueError, "eps must be a positive finite number, got 0.0"),
+    (dict(eps="1e-5"), ValueError, "eps must be a positive finite number"),
+    (dict(seed=-1), ValueError, "seed must be an int >= 0, got -1"),
+    (dict(hidden_size=30, num_attention_heads=4), ValueError, r"hidden_size \(30\) must be a multiple of"),
+    (dict(mamba_heads=3, n_groups=2), ValueError, r"mamba_heads \(3\) must be a multiple of n_groups \(2\)"),
+    (dict(state_size=1000), ValueError, "state_size 1000 is beyond the kernels' limit of 256"),
+])
+def test_config_rejects_what_the_model_cannot_run(changes, error, message):
+    with pytest.raises(error, match=message):
+        HybridConfig(**changes)
+
+
+def test_meta_model_is_refused_clearly():
+    meta = HybridLM(CONFIG, device="meta")
+    with pytest.raises(ValueError, match="the model is on the meta device, which holds shapes but no weights"):
+        meta.prefill([1, 2])
+    with pytest.raises(ValueError, match="the model is on the meta device"):
+        Engine(meta, policy="split", block_size=8, budget=16)
 
 
 def test_kv_block_store_finds_blocks_by_their_whole_prefix():
@@ -160,5 +209,15 @@ def test_last_token_logits_engine(model, references):
 def test_engine_rejects_bad_rules(model):
     with pytest.raises(ValueError, match="policy"):
         Engine(model, policy="eager", block_size=8, budget=16)
+    with pytest.raises(ValueError, match=r"logits must be one of \('all', 'last'\) \(what serve returns\), got 'some'"):
+        Engine(model, policy="split", block_size=8, budget=16, logits="some")
+    with pytest.raises(TypeError, match="model must be a HybridLM, got str"):
+        Engine("model", policy="split", block_size=8, budget=16)
+    engine = Engine(model, policy="split", block_size=8, budget=16)
     with pytest.raises(ValueError, match="at least 1 token"):
-        Engine(model, policy="split", block_size=8, budget=16).serve([])
+        engine.serve([])
+    with pytest.raises(TypeError, match=r"tokens\[2\] must be an int token id, got 3.9"):
+        engine.serve([1, 2, 3.9])
+    with pytest.raises(TypeError, match="on_tokens must be a function"):
+        engine.serve([1, 2], on_tokens=5)
+    assert len(engine.cache) == 0 and engine.kv.blocks == 0  # nothing was served or stored

@@ -1,9 +1,12 @@
 """Whole-prompt plans: the seed's incident, the 5000-token prompt, and properties."""
 
+import time
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import planner.plan
 from planner import POLICIES, Pass, block_floored_match, plan_prefill
 
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -260,6 +263,40 @@ def test_warm_restore_is_at_or_below_the_match(args, policy, shared):
     assert warm.restore_point == max(
         [p for p in plan.snapshot_positions if p <= warm.match], default=0)
     assert warm.replay_tokens == args["total"] - warm.restore_point
+
+
+def test_astronomical_plans_answer_at_once_or_are_refused():
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match=r"every 512 tokens .* would be 195312499999999999 in-pass captures, "
+                                         r"more than the 100000 a plan may list: raise interval"):
+        plan_prefill(10**20, block_size=16, budget=10**20, interval=32, policy="free")
+    with pytest.raises(ValueError, match=r"up to 12500000000000000003 passes, more than the 100000 a plan may list"):
+        plan_prefill(10**20, block_size=16, budget=16, policy="split")
+    plan = plan_prefill(10**20, block_size=16, budget=10**20, interval=0, policy="free")
+    assert [(p.start, p.length) for p in plan.passes] == [(0, 10**20)]
+    assert plan.snapshot_positions == (10**20 - 32, 10**20 - 16)
+    assert len(plan_prefill(10**20, block_size=16, budget=10**19, policy="inpass").passes) == 10
+    assert time.perf_counter() - began < 2.0
+
+
+@PROPERTY
+@given(args=plan_args(), policy=st.sampled_from(POLICIES), limit=st.integers(1, 40))
+def test_no_plan_lists_more_than_the_limits(args, policy, limit):
+    """With the limits lowered, a plan is either refused or within them: the bounds it is checked
+    against never undercount."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner.plan, "MAX_PASSES", limit)
+        patch.setattr(planner.plan, "MAX_CAPTURES", limit)
+        try:
+            plan = plan_prefill(policy=policy, **args)
+        except ValueError as refused:
+            assert "a plan may list" in str(refused)
+            return
+    assert len(plan.passes) <= limit
+    step = args["interval"] * args["block_size"]
+    interval_captures = [c for p in plan.passes for c in p.captures if step and c % step == 0]
+    assert len(interval_captures) <= limit
+
 
 
 # -- bad input -----------------------------------------------------------------------------

@@ -42,13 +42,25 @@ CASES = [
     (dict(dt_limit=3.0), TypeError, "dt_limit must be a pair"),
     (dict(initial_states=torch.randn(3, 4, 8, 16)), ValueError, r"initial_states .*nseq is 3, expected 2"),
     (dict(initial_states=torch.randn(2, 4, 8, 16).half()), TypeError, "initial_states must have dtype float32"),
-    (dict(dt=torch.randn(2, 5, 4, device="meta")), ValueError, "dt is on meta but x is on cpu"),
+    (dict(dt=torch.randn(2, 5, 4, device="meta")), ValueError, "dt is on the meta device, which holds shapes but no data"),
+    (dict(x=torch.randn(2, 5, 4, 8, device="meta"), dt=torch.randn(2, 5, 4, device="meta")), ValueError,
+     "x is on the meta device"),
+    (dict(dt_softplus="False"), TypeError, r"dt_softplus must be a bool \(True or False\), got 'False' \(str\)"),
+    (dict(dt_softplus=torch.tensor(True)), TypeError, "dt_softplus must be a bool"),
+    (dict(dt_limit=("0", "1")), TypeError, r"dt_limit must be a pair of real numbers \(min, max\), got \('0', '1'\)"),
+    (dict(dt_limit=(0.0, float("nan"))), TypeError, "dt_limit must be a pair of real numbers"),
+    (dict(dt_limit=(0.0, 1.0, 2.0)), TypeError, "dt_limit must be a pair of real numbers"),
+    (dict(dt_limit=(False, True)), TypeError, "dt_limit must be a pair of real numbers"),
     (dict(cu_seqlens=torch.tensor([0, 5, 10])), ValueError, "varlen batch .* must have batch size 1, got 2"),
     (dict(capture=[(0, 6)]), ValueError, "capture offset 6 for sequence 0 is past its length 5"),
     (dict(capture=[(1, -1)]), ValueError, "capture offset -1 for sequence 1 is negative"),
     (dict(capture=[(2, 0)]), ValueError, r"capture\[0\] names sequence 2, but the batch has 2 sequences"),
     (dict(capture=torch.tensor([[0.0, 1.0]])), TypeError, "capture must be an integer tensor"),
     (dict(capture=torch.tensor([[0, 1, 2]])), ValueError, r"capture must have shape \(ncapture, 2\)"),
+    (dict(capture=torch.empty(3, 0, dtype=torch.int64)), ValueError,
+     r"capture must have shape \(ncapture, 2\) \(ncapture may be 0\), got \(3, 0\)"),
+    (dict(capture=torch.empty(0, dtype=torch.int64)), ValueError, r"capture must have shape \(ncapture, 2\)"),
+    (dict(capture=torch.zeros(1, 2, dtype=torch.int64, device="meta")), ValueError, "capture is on the meta device"),
     (dict(capture=[(0, 1), 3]), TypeError, r"capture\[1\] must be a pair of ints"),
     (dict(capture=[(0, 1.5)]), TypeError, r"capture\[0\] must be a pair of ints"),
     (dict(capture=5), TypeError, "capture must be an int tensor"),
@@ -65,6 +77,11 @@ def test_mamba2_scan_rejects(changes, error, message):
 def varlen_call(cu, seqlen=10):
     args, kw = mamba2_positional(mamba2_inputs(1, seqlen, nseq=len(cu) - 1))
     return mamba2_scan(*args, **kw, cu_seqlens=torch.tensor(cu))
+
+
+def test_empty_capture_tensor_means_no_captures():
+    out = call_m2(capture=torch.empty(0, 2, dtype=torch.int64))
+    assert out.captured_states.shape == (0, 4, 8, 16)
 
 
 @pytest.mark.parametrize("cu, message", [
@@ -105,6 +122,8 @@ def test_triton_backend_needs_cuda_or_the_interpreter():
     (dict(D=torch.randn(11)), ValueError, r"D must have shape .*dim is 11, expected 12"),
     (dict(initial_states=torch.randn(2, 12, 4)), ValueError, r"initial_states .*dstate is 4, expected 8"),
     (dict(capture=[(0, 12)]), ValueError, "capture offset 12 for sequence 0 is past its length 11"),
+    (dict(delta_softplus="False"), TypeError, r"delta_softplus must be a bool \(True or False\), got 'False'"),
+    (dict(delta_softplus=1), TypeError, "delta_softplus must be a bool"),
 ])
 def test_mamba1_scan_rejects(changes, error, message):
     args, kw = mamba1_positional(mamba1_inputs(2, 11))
@@ -132,6 +151,12 @@ def decode_args(batch=3):
     (dict(x=torch.randn(3, 4, 9)), ValueError, r"state must have shape .*headdim is 8, expected 9"),
     (dict(B=torch.randn(3, 2, 8)), ValueError, r"C must have shape .*dstate is 16, expected 8"),
     (dict(dt=torch.randn(3, 4, 1)), ValueError, "dt must have 2 dimensions"),
+    (dict(dt_softplus="False"), TypeError, "dt_softplus must be a bool"),
+    (dict(state=torch.randn(1, 4, 8, 16).expand(4, 4, 8, 16)), ValueError,
+     r"state has overlapping memory \(shape \(4, 4, 8, 16\), strides \(0, 128, 16, 1\)"),
+    (dict(state=torch.randn(16, 4, 8, 4).transpose(0, 3)[:, :, :, :16:4].as_strided((4, 4, 8, 16), (1, 1, 1, 1))),
+     ValueError, "state has overlapping memory"),
+    (dict(state=torch.randn(4, 4, 8, 16, requires_grad=True)), ValueError, r"state requires grad.*state.detach\(\)"),
 ])
 def test_selective_state_update_rejects_and_leaves_state_untouched(changes, error, message):
     named = decode_args()

@@ -28,9 +28,10 @@ from .hf_mixers import FAMILIES, FORWARDS, PassContext, geometry
 
 _ADAPTER_ATTR = "_ssm_kernels_adapter"
 _PASS_ATTR = "_ssm_kernels_pass"
+_GENERATE_ATTR = "_ssm_kernels_generate"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LayerSnapshot(Snapshot):
     """A :class:`ssm_kernels.layers.Snapshot` of one SSM layer of a transformers model, for one
     sequence (batch row): ``layer`` is the layer's index in the model (its cache entry).
@@ -50,6 +51,12 @@ class Captured(list):
     @property
     def positions(self) -> list[int]:
         return sorted({s.position for s in self})
+
+    def __repr__(self) -> str:
+        if not self:
+            return "Captured(no snapshots)"
+        return (f"Captured({len(self)} snapshots at positions {self.positions}, layers "
+                f"{sorted({s.layer for s in self})})")
 
     def at(self, position: int) -> "Captured":
         """The snapshots at one position (every SSM layer, every batch row, in order)."""
@@ -78,6 +85,18 @@ class _Adapter:
 
     def position(self, cache, layer_idx):
         return self._positions.get(cache, {}).get(layer_idx)
+
+    def cache_position(self, cache):
+        """The position every SSM layer of ``cache`` is at (0 when none holds a state yet), or None
+        when that is unknown (a pass this adapter did not run) or the layers disagree."""
+        found = set()
+        for layer_idx in self.mixers:
+            try:
+                layer = hf_cache.linear_layer(cache, layer_idx)
+            except (TypeError, ValueError):
+                return None
+            found.add(self.position(cache, layer_idx) if hf_cache.has_previous(layer) else 0)
+        return found.pop() if len(found) == 1 else None
 
     def set_position(self, cache, layer_idx, position):
         table = self._positions.setdefault(cache, {})
@@ -155,6 +174,9 @@ def use_ssm_kernels(model, *, backend: str = "auto"):
     Mamba-1 (Mamba, FalconMamba, Jamba). The model's own projections, norms and gating stay; the
     conv and the scan become causal_conv1d and mamba2_scan / mamba1_scan (prefill, continuing
     from the cache) or the decode steps (one token with a cached state). Inference only.
+    ``generate`` continues a cache from the position its SSM layers are at (see
+    ``_continuing_the_cache``): given the whole sequence so far, it computes only the tokens past
+    the cache.
 
     Args:
         model: a transformers model (any head); patched in place.
@@ -179,7 +201,43 @@ def use_ssm_kernels(model, *, backend: str = "auto"):
         mixer.forward = types.MethodType(FORWARDS[family.kind], mixer)
         adapter.mixers[geo.layer_idx] = (mixer, family, geo)
     setattr(model, _ADAPTER_ATTR, adapter)
+    prepare = getattr(type(model), "prepare_inputs_for_generation", None)
+    if prepare is not None and _GENERATE_ATTR not in model.__dict__:
+        model.prepare_inputs_for_generation = types.MethodType(_continuing_the_cache(prepare), model)
+        setattr(model, _GENERATE_ATTR, True)
     return model
+
+
+def _continuing_the_cache(prepare):
+    """transformers' prepare_inputs_for_generation, made to continue a cache of SSM layers only
+    from the position its layers are at.
+
+    generate passes the whole sequence so far. With attention layers in the cache it feeds the
+    tokens past the attention cache's length (which restore_states keeps equal to the SSM
+    position); a cache of SSM layers only has no length it can read, so it feeds every token on
+    top of the state. Here the tokens the cache already holds are dropped, and a sequence that
+    is not longer than the cache's position is refused.
+    """
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        inputs = prepare(self, *args, **kwargs)
+        key = "input_ids" if inputs.get("input_ids") is not None else "inputs_embeds"
+        fed = inputs.get(key)
+        full = (args[0] if args else kwargs.get("input_ids")) if key == "input_ids" else kwargs.get("inputs_embeds")
+        cache = inputs.get("cache", inputs.get("past_key_values"))
+        if fed is None or full is None or cache is None or not all(getattr(cache, "is_linear", [False])):
+            return inputs
+        position = _adapter(self).cache_position(cache)
+        start = full.shape[1] - fed.shape[1]
+        if position is None or start == position:
+            return inputs
+        if start == 0 and full.shape[1] > position:
+            inputs[key] = full[:, position:].clone(memory_format=torch.contiguous_format)
+            return inputs
+        raise ValueError(f"generate was given {full.shape[1]} tokens and would feed the cache from token {start}, "
+                         f"but the cache's SSM layers are at position {position}: pass the whole sequence so far "
+                         f"({position} tokens the cache holds, then at least one more); generate then computes "
+                         "only the tokens past the cache")
+    return prepare_inputs_for_generation
 
 
 def remove_ssm_kernels(model):
@@ -189,6 +247,8 @@ def remove_ssm_kernels(model):
             del module.__dict__[_PASS_ATTR]
             module.__dict__.pop("forward", None)
     model.__dict__.pop(_ADAPTER_ATTR, None)
+    if model.__dict__.pop(_GENERATE_ATTR, None):
+        model.__dict__.pop("prepare_inputs_for_generation", None)
     return model
 
 

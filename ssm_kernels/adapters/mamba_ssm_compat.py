@@ -7,14 +7,35 @@ Code written against mamba_ssm can import the three names from here instead::
 
 They take mamba_ssm's arguments, in mamba_ssm's order, and return what mamba_ssm returns. Each
 adds one keyword-only argument, ``backend`` ("auto", "triton", "torch"). What they cannot honour
-raises ValueError/TypeError naming the argument (complex A, seq_idx without cu_seqlens, a
-seq_idx that disagrees with cu_seqlens); nothing is written before the checks pass.
+raises ValueError/TypeError naming the argument (complex A, a seq_idx that decreases along a row
+or disagrees with cu_seqlens, flags that are not bools); nothing is written before the checks pass.
 
-Two conventions differ between mamba_ssm and the kernels and are mapped here:
-- mamba_ssm's default ``dt_limit=(0.0, inf)`` means "no clamp"; the kernels' default clamps dt
-  to [0, inf). With softplus both agree; without it a negative dt would differ, so the default
-  is passed on as (-inf, inf). Any other dt_limit clamps, as in mamba_ssm.
-- mamba_ssm's ``selective_state_update`` never clamps dt; it is passed on as (-inf, inf).
+dt clamping, kernel by kernel, as in mamba_ssm 2.3.2:
+- ``mamba_chunk_scan_combined``: its Triton kernel (``_chunk_cumsum_fwd_kernel``) always clamps
+  dt' (after bias and softplus) to ``dt_limit``, default (0.0, inf): a negative dt' becomes 0.
+  ``dt_limit`` is passed on unchanged. (mamba_ssm's PyTorch reference ``ssd_selective_scan``
+  clamps only for a non-default dt_limit; the kernel is what models run.)
+- ``selective_state_update``: no dt_limit argument and no clamp; dt is passed on unclamped.
+- ``selective_scan_fn`` (Mamba-1): no clamp, as in mamba1_scan.
+
+Sequences in ``mamba_chunk_scan_combined``: ``seq_idx`` (batch, seqlen) labels each token with its
+sequence; a sequence is a run of equal labels (mamba_ssm resets the state where the label
+changes), and labels must not decrease along a row. ``initial_states[b]`` is the state before
+row b's sequence 0, as in mamba_ssm, whose state passing starts at label 0; a row that does not
+start with label 0 is refused when initial_states is given (mamba_ssm would silently drop the
+state). ``cu_seqlens`` is needed only for ``return_varlen_states``; with seq_idx it must agree.
+
+Where this module deliberately differs from mamba_ssm 2.3.2:
+- varlen states with initial states: mamba_ssm's ``chunk_state_varlen`` adds the incoming state
+  only to a sequence that began in an earlier chunk, so the first sequence's varlen state lacks
+  ``initial_states`` when that sequence ends inside the first chunk. Here each varlen state is
+  the state at its sequence's end, initial state included.
+- varlen states without seq_idx: the scan runs across the cu_seqlens boundaries and each varlen
+  state is the scan's state at its sequence's end (mamba_ssm keeps the earlier sequences'
+  contributions for a sequence that spans a chunk boundary and drops them otherwise).
+- ``selective_state_update`` with ``dt_bias=None`` and A, dt broadcast per head: mamba_ssm raises
+  (it reads ``dt_bias.stride``); here it is the Mamba-2 step without a bias.
+- ``state_batch_indices`` must be distinct slots in range (mamba_ssm skips negative ones).
 """
 from __future__ import annotations
 
@@ -23,11 +44,12 @@ import operator
 
 import torch
 
-from .._common import FLOAT_DTYPES, check_state_indices, check_tensor, make_sequences
+from .._common import (FLOAT_DTYPES, check_bool, check_inplace_target, check_state_indices, check_tensor,
+                       make_sequences)
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
 
-NO_CLAMP = (-math.inf, math.inf)
+NO_CLAMP = (-math.inf, math.inf)  # selective_state_update: mamba_ssm's decode step never clamps dt
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
 
@@ -44,14 +66,6 @@ def _real_float(name, t, want_f32=False):
     if not t.dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     return t.float() if want_f32 and t.dtype != torch.float32 else t
-
-
-def _is_mamba_ssm_default_limit(dt_limit) -> bool:
-    try:
-        lo, hi = dt_limit
-        return float(lo) == 0.0 and float(hi) == math.inf
-    except (TypeError, ValueError):
-        return False  # malformed: the kernel's check names it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,23 +115,20 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     A = _real_float("A", A, want_f32=True)
     _real_float("B", B)
     _real_float("C", C)
+    check_bool("delta_softplus", delta_softplus)
+    check_bool("return_last_state", return_last_state)
     check_tensor("u", u, [("batch", None), ("dim", None), ("seqlen", None)], FLOAT_DTYPES)
     B, C = _bc_layout(B, C, *u.shape)
-    result = mamba1_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias,
-                         delta_softplus=bool(delta_softplus), backend=backend)
+    result = mamba1_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+                         backend=backend)
     return (result.y, result.final_states) if return_last_state else result.y
 
 
 # ---------------------------------------------------------------------------------------------
 # mamba_chunk_scan_combined (mamba_ssm.ops.triton.ssd_combined)
 # ---------------------------------------------------------------------------------------------
-def _check_seq_idx(seq_idx, cu_seqlens, batch, seqlen):
-    """seq_idx must say what cu_seqlens says: token t of sequence s has seq_idx[0, t] == s."""
-    check_tensor("seq_idx", seq_idx, [("batch", batch), ("seqlen", seqlen)])
-    if seq_idx.dtype.is_floating_point or seq_idx.dtype == torch.bool:
-        raise TypeError(f"seq_idx must be an integer tensor, got {seq_idx.dtype}")
-    if batch != 1:
-        raise ValueError(f"seq_idx with cu_seqlens needs a packed batch of size 1, got batch {batch}")
+def _check_seq_idx(seq_idx, cu_seqlens, seqlen):
+    """With cu_seqlens, seq_idx must say what it says: token t of sequence s has seq_idx[0, t] == s."""
     bounds = cu_seqlens.tolist()
     want = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(
         [max(b - a, 0) for a, b in zip(bounds, bounds[1:])], dtype=torch.int64))
@@ -130,6 +141,39 @@ def _check_seq_idx(seq_idx, cu_seqlens, batch, seqlen):
                          "of the sequence that holds token t)")
 
 
+def _packed_sequences(seq_idx, cu_seqlens, batch, seqlen, device):
+    """The sequences of a seq_idx call, packed into one row of batch * seqlen tokens.
+
+    Returns (cu_seqlens of the packed row as a host list, each row's first and last sequence,
+    whether each row's first sequence is labelled 0, i.e. takes that row's initial state).
+    """
+    check_tensor("seq_idx", seq_idx, [("batch", batch), ("seqlen", seqlen)])
+    if seq_idx.dtype.is_floating_point or seq_idx.dtype.is_complex or seq_idx.dtype == torch.bool:
+        raise TypeError(f"seq_idx must be an integer tensor, got {seq_idx.dtype}")
+    if cu_seqlens is not None:
+        if batch != 1:
+            raise ValueError(f"seq_idx with cu_seqlens needs a packed batch of size 1, got batch {batch}")
+        seqs = make_sequences(batch, seqlen, cu_seqlens, device)  # validates cu_seqlens
+        _check_seq_idx(seq_idx, cu_seqlens, seqlen)
+        last = max((s for s, n in enumerate(seqs.lengths) if n > 0), default=0)
+        return seqs.cu_seqlens.tolist(), [0], [last], [True]
+    labels = seq_idx.to("cpu", torch.int64)
+    steps = labels[:, 1:] - labels[:, :-1]
+    if bool((steps < 0).any()):
+        b, t = (steps < 0).nonzero()[0].tolist()
+        raise ValueError(f"seq_idx must not decrease along a row (a sequence is a run of equal labels), got "
+                         f"seq_idx[{b}, {t + 1}] = {labels[b, t + 1].item()} after seq_idx[{b}, {t}] = "
+                         f"{labels[b, t].item()}")
+    bounds, first, last = [0], [], []
+    for b in range(batch):
+        first.append(len(bounds) - 1)
+        starts = (steps[b].nonzero().flatten() + 1).tolist()
+        bounds += [b * seqlen + t for t in starts] + [(b + 1) * seqlen]
+        last.append(len(bounds) - 2)
+    label0 = (labels[:, 0] == 0).tolist() if seqlen else [True] * batch
+    return bounds, first, last, label0
+
+
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
                               return_final_states=False, return_varlen_states=False, *, backend="auto"):
@@ -140,19 +184,19 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         B, C: (batch, seqlen, ngroups, dstate); chunk_size: a positive int (the recurrent scan
             needs no chunks; it is checked and otherwise ignored);
         D: (nheads, headdim) or (nheads,); z: like x; dt_bias: (nheads,);
-        initial_states: (batch, nheads, headdim, dstate): with seq_idx, the state before the
-            first sequence of the packed row (the others start from zeros), as in mamba_ssm;
-        seq_idx: (1, seqlen), the sequence index of each token of a packed row; it needs
-            cu_seqlens (the boundaries) and must agree with it;
-        cu_seqlens: (nseq + 1,): with seq_idx, the packed sequences; without seq_idx it only
-            marks where return_varlen_states reads the state of the unsegmented scan, as in
-            mamba_ssm;
-        dt_softplus, dt_limit: the default (0.0, inf) means no clamp, as in mamba_ssm;
+        initial_states: (batch, nheads, headdim, dstate): the state before each row's tokens
+            labelled 0 by seq_idx (before the row without seq_idx);
+        seq_idx: (batch, seqlen) int, optional: each token's sequence label, non-decreasing along
+            a row; the state restarts where the label changes;
+        cu_seqlens: (nseq + 1,), needed for return_varlen_states: the sequences whose last states
+            are returned; with seq_idx it must agree with it (batch 1);
+        dt_softplus: softplus(dt + dt_bias); dt_limit: clamp of dt', default (0.0, inf) (a
+            negative dt' becomes 0, as in mamba_ssm's kernel);
         return_final_states, return_varlen_states: as in mamba_ssm.
 
     Returns (mamba_ssm's order):
         out (like x); with return_final_states also final_states (batch, nheads, headdim,
-        dstate) float32 (the state after the row's last token); with return_varlen_states also
+        dstate) float32 (the state after each row's last token); with return_varlen_states also
         varlen_states (nseq, nheads, headdim, dstate) float32 (each sequence's last state).
     """
     try:
@@ -161,17 +205,16 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
     if chunk < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk}")
+    for name, flag in (("dt_softplus", dt_softplus), ("return_final_states", return_final_states),
+                       ("return_varlen_states", return_varlen_states)):
+        check_bool(name, flag)
     A = _real_float("A", A, want_f32=True)
     initial_states = _real_float("initial_states", initial_states, want_f32=True)
     check_tensor("x", x, [("batch", None), ("seqlen", None), ("nheads", None), ("headdim", None)], FLOAT_DTYPES)
     batch, seqlen = x.shape[:2]
-    limit = NO_CLAMP if _is_mamba_ssm_default_limit(dt_limit) else dt_limit
     if return_varlen_states and cu_seqlens is None:
         raise ValueError("return_varlen_states=True needs cu_seqlens (as in mamba_ssm)")
-    if seq_idx is not None and cu_seqlens is None:
-        raise ValueError("seq_idx without cu_seqlens cannot be honoured: pass cu_seqlens (nseq + 1,) with the "
-                         "packed sequences' boundaries as well")
-    common = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus), dt_limit=limit, backend=backend)
+    common = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, backend=backend)
 
     if seq_idx is None:
         varlen_capture = None
@@ -183,35 +226,46 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
             if not bounds or bounds[0] != 0 or bounds[-1] != seqlen or any(b < a for a, b in zip(bounds, bounds[1:])):
                 raise ValueError(f"cu_seqlens must rise from 0 to seqlen = {seqlen}, got {bounds}")
             varlen_capture = [(0, end) for end in bounds[1:]]
-        result = mamba2_scan(x, dt, A, B, C, initial_states=initial_states, capture=varlen_capture, **common)
-        final_states, varlen_states = result.final_states, result.captured_states
+        result = mamba2_scan(x, dt, A, B, C, z=z, initial_states=initial_states, capture=varlen_capture, **common)
+        out, final_states, varlen_states = result.y, result.final_states, result.captured_states
     else:
-        seqs = make_sequences(batch, seqlen, cu_seqlens, x.device)  # validates cu_seqlens
-        _check_seq_idx(seq_idx, cu_seqlens, batch, seqlen)
-        if initial_states is not None:
-            check_tensor("initial_states", initial_states, [("batch", batch)] + [(n, None) for n in
-                                                                                  ("nheads", "headdim", "dstate")])
-            rest = initial_states.new_zeros(max(seqs.count - 1, 0), *initial_states.shape[1:])
-            initial_states = torch.cat([initial_states, rest])[:seqs.count]
-        result = mamba2_scan(x, dt, A, B, C, initial_states=initial_states, cu_seqlens=cu_seqlens, **common)
-        varlen_states = result.final_states
-        owner = max((s for s, n in enumerate(seqs.lengths) if n > 0), default=0)
-        final_states = varlen_states[owner:owner + 1]
-    out = result.y
+        out, final_states, varlen_states = _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens,
+                                                        common)
     if return_varlen_states:
         return (out, final_states, varlen_states) if return_final_states else (out, varlen_states)
     return (out, final_states) if return_final_states else out
 
 
+def _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens, common):
+    """mamba_chunk_scan_combined with seq_idx: the rows packed into one varlen row, one sequence
+    per run of equal labels. Returns (out, final_states per row, every sequence's final state)."""
+    batch, seqlen, nheads = x.shape[:3]
+    token_dims = [("batch", batch), ("seqlen", seqlen)]
+    check_tensor("dt", dt, token_dims + [("nheads", nheads)], FLOAT_DTYPES)
+    for name, t in (("B", B), ("C", C), ("z", z)):
+        if t is not None:
+            check_tensor(name, t, token_dims + [("dim 2", None), ("dim 3", None)], FLOAT_DTYPES)
+    bounds, first, last, label0 = _packed_sequences(seq_idx, cu_seqlens, batch, seqlen, x.device)
+    init = None
+    if initial_states is not None:
+        check_tensor("initial_states", initial_states, [("batch", batch)] + [(n, None) for n in
+                                                                              ("nheads", "headdim", "dstate")])
+        init = initial_states.new_zeros(len(bounds) - 1, *initial_states.shape[1:])
+        rows = [b for b in range(batch) if label0[b]]
+        init[[first[b] for b in rows]] = initial_states[rows]
+    pack = lambda t: None if t is None else t.reshape(1, batch * seqlen, *t.shape[2:])
+    result = mamba2_scan(pack(x), pack(dt), A, pack(B), pack(C), z=pack(z), initial_states=init,
+                         cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=x.device), **common)
+    return result.y.view(x.shape), result.final_states[last], result.final_states
+
+
 # ---------------------------------------------------------------------------------------------
 # selective_state_update (mamba_ssm.ops.triton.selective_state_update)
 # ---------------------------------------------------------------------------------------------
-def _constant_along(t, dims) -> bool:
-    """Whether t holds one value along `dims` (mamba_ssm's tie_hdim, checked by value)."""
-    if t is None:
-        return True
-    index = tuple(slice(0, 1) if d in dims else slice(None) for d in range(t.ndim))
-    return bool(torch.equal(t, t[index].expand_as(t)))
+def _broadcast_along(t, dims) -> bool:
+    """Whether t repeats one value along dims by its strides (0, or size 1): mamba_ssm's
+    tie_hdim test, read from the layout rather than the values (no device sync)."""
+    return t is None or all(t.stride(d) == 0 or t.shape[d] == 1 for d in dims)
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -219,24 +273,26 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """mamba_ssm's ``selective_state_update``: one decode token, ``state`` updated in place.
 
     Args (mamba_ssm's):
-        state: (nslots, dim, dstate) or (nslots, nheads, dim, dstate), any float dtype;
+        state: (nslots, dim, dstate) or (nslots, nheads, dim, dstate), float32, float16 or
+            bfloat16 (no overlapping memory, not requiring grad);
         x, dt, z: (batch, dim) or (batch, nheads, dim); A: (dim, dstate) or (nheads, dim, dstate);
         B, C: (batch, dstate) or (batch, ngroups, dstate); D, dt_bias: (dim,) or (nheads, dim);
         dt_softplus: softplus(dt + dt_bias); dt is never clamped (as in mamba_ssm);
         state_batch_indices: (batch,) distinct slots of ``state`` (default 0..batch-1).
 
-    When A is one value per head and dt, dt_bias one per head (mamba_ssm's "tie_hdim" Mamba-2
-    layout, found by value), this is :func:`ssm_kernels.selective_state_update`; otherwise
-    (a Mamba-1 layout, A per channel and state) a one-token :func:`ssm_kernels.mamba1_scan`.
-    A state in float16/bfloat16 is updated through a float32 copy.
+    When A is broadcast along (dim, dstate) and dt, dt_bias along dim (stride 0: mamba_ssm's
+    "tie_hdim" Mamba-2 layout, read from the strides as mamba_ssm does), this is
+    :func:`ssm_kernels.selective_state_update`; otherwise (a Mamba-1 layout, A per channel and
+    state) a one-token :func:`ssm_kernels.mamba1_scan`. A float16/bfloat16 state is updated
+    through a float32 copy of the batch's slots only, rounded back as mamba_ssm's kernel stores it.
 
     Returns:
         out, like x, in x's dtype.
     """
-    A = _real_float("A", A, want_f32=True)
-    for name, t in (("state", state), ("x", x), ("dt", dt), ("B", B), ("C", C)):
+    for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_bool("dt_softplus", dt_softplus)
     has_heads = state.ndim > 3
     if state.ndim == 3:
         state = state.unsqueeze(1)
@@ -245,7 +301,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     per_head = lambda t, n: None if t is None else (t.unsqueeze(0) if t.ndim == n else t)
     x, dt, z, B, C = per_row(x), per_row(dt), per_row(z), per_row(B), per_row(C)
     A, D, dt_bias = per_head(A, 2), per_head(D, 1), per_head(dt_bias, 1)
-    check_tensor("state", state, [("nslots", None), ("nheads", None), ("dim", None), ("dstate", None)])
+    check_tensor("state", state, [("nslots", None), ("nheads", None), ("dim", None), ("dstate", None)],
+                 FLOAT_DTYPES)
     _, nheads, dim, dstate = state.shape
     batch = x.shape[0]
     check_tensor("x", x, [("batch", None), ("nheads", nheads), ("dim", dim)], FLOAT_DTYPES)
@@ -258,33 +315,42 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     for name, t in (("D", D), ("dt_bias", dt_bias)):
         if t is not None:
             check_tensor(name, t, [("nheads", nheads), ("dim", dim)], FLOAT_DTYPES)
-    if not state.dtype.is_floating_point:
-        raise TypeError(f"state must be a floating-point tensor, got {state.dtype}")
+    tied = _broadcast_along(A, (1, 2)) and _broadcast_along(dt, (2,)) and _broadcast_along(dt_bias, (1,))
+    A = _real_float("A", A, want_f32=True)
+    check_inplace_target("state", state)
     slots = check_state_indices(state_batch_indices, batch, state.shape[0], "state", state.device,
                                 name="state_batch_indices")
 
-    work = state if state.dtype == torch.float32 else state.float()
-    tied = _constant_along(A, (1, 2)) and _constant_along(dt, (2,)) and _constant_along(dt_bias, (1,))
+    if state.dtype == torch.float32:
+        pool, rows = state, slots
+    else:  # the batch's slots only: O(batch) work whatever the pool's size
+        pool, rows = state[slots].float(), None
     if tied:
-        y = _state_update(work, x, dt[:, :, 0], A[:, 0, 0].contiguous(), B, C, D=D, z=z,
-                          dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=bool(dt_softplus),
-                          dt_limit=NO_CLAMP, state_indices=slots, backend=backend)
+        y = _state_update(pool, x, dt[:, :, 0], A[:, 0, 0].contiguous(), B, C, D=D, z=z,
+                          dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=dt_softplus,
+                          dt_limit=NO_CLAMP, state_indices=rows, backend=backend)
     else:
-        y = _untied_update(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, backend)
-    if work is not state:
-        state.copy_(work)
+        y = _untied_update(pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rows, backend)
+    if pool is not state:
+        state.index_copy_(0, slots, pool.to(state.dtype))
     return y if has_heads else y[:, 0]
 
 
-def _untied_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, backend):
-    """A per-(channel, state) A: a one-token mamba1_scan over nheads * dim channels."""
+def _untied_update(pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rows, backend):
+    """A per-(channel, state) A: a one-token mamba1_scan over nheads * dim channels, updating
+    pool[rows] (all of pool when rows is None)."""
     batch, nheads, dim = x.shape
-    dstate = state.shape[-1]
+    dstate = pool.shape[-1]
     channels = lambda t: None if t is None else t.reshape(batch, nheads * dim, 1)
     flat = lambda t: None if t is None else t.reshape(nheads * dim)
+    before = pool if rows is None else pool[rows]
     result = mamba1_scan(channels(x), channels(dt), A.reshape(nheads * dim, dstate), B.unsqueeze(-1),
                          C.unsqueeze(-1), D=flat(D), z=channels(z), delta_bias=flat(dt_bias),
-                         delta_softplus=bool(dt_softplus),
-                         initial_states=state[slots].reshape(batch, nheads * dim, dstate), backend=backend)
-    state.index_copy_(0, slots, result.final_states.reshape(batch, nheads, dim, dstate))
+                         delta_softplus=dt_softplus, initial_states=before.reshape(batch, nheads * dim, dstate),
+                         backend=backend)
+    after = result.final_states.reshape(batch, nheads, dim, dstate)
+    if rows is None:
+        pool.copy_(after)
+    else:
+        pool.index_copy_(0, rows, after)
     return result.y.reshape(batch, nheads, dim)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_same_device, check_state_indices, check_tensor, make_capture_table,
-                       make_sequences, new_output, resolve_backend)
+from .._common import (FLOAT_DTYPES, check_inplace_target, check_same_device, check_state_indices, check_tensor,
+                       make_capture_table, make_sequences, new_output, resolve_backend)
 from .problem import ConvProblem, ConvResult
 from .torch_kernel import run_torch
 from .triton_kernel import run_triton
@@ -103,7 +103,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     Args:
         x: (batch, dim) float32, float16 or bfloat16.
         conv_state: (nslots, dim, width - 1) in x's dtype, updated in place: row b reads and
-            writes slot state_indices[b] (default b).
+            writes slot state_indices[b] (default b). No overlapping memory, not requiring grad.
         weight, bias, activation, backend: as in causal_conv1d.
         state_indices: (batch,) int32/int64, distinct slots (default 0..batch-1).
 
@@ -114,6 +114,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     """
     dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch",))
     _check_state("conv_state", conv_state, x, [("nslots", None), ("dim", dim), ("width - 1", width - 1)])
+    check_inplace_target("conv_state", conv_state)
     device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
                                state_indices=state_indices)
     batch = x.shape[0]

@@ -1,43 +1,38 @@
-"""What the Mamba mixer layers share: token-wise ops, layer states, snapshots, the forward plumbing.
+"""What the Mamba mixer layers share: layer states, snapshots, the forward plumbing.
 
-Exactness at the layer level needs more than exact kernels. On CPU, a Linear over a (T, d)
-matrix rounds a row differently for different T (BLAS blocking), and an elementwise
-transcendental (silu, exp) computes an element differently in a vector body and in a scalar
-tail whose extent depends on the shape. So, with ``exact=True``, every op outside the scan and
-conv kernels runs on one token's row at a time (:func:`per_token`): a token's output then never
-depends on the pass it is in, and a restored snapshot continues bit for bit.
+With ``exact=True`` the projections and norms around the scan and conv kernels run as
+batch-invariant row ops (see :mod:`.rows`): a token's output then never depends on the pass it is
+in, and a restored snapshot continues bit for bit. With ``exact=False`` (the default) they run
+as plain batched ops: faster, and equal to the exact path to rounding only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from dataclasses import dataclass, fields
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from .._common import FLOAT_DTYPES, check_tensor, make_capture_table, make_sequences
+from .._common import FLOAT_DTYPES, check_inplace_target, check_tensor, make_capture_table, make_sequences
+from .rows import exact_linear, exact_rowwise
 
 
-def per_token(fn: Callable[..., torch.Tensor], *xs: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """Apply ``fn`` to the last-dimension rows of ``xs`` (same leading shape) one token at a time.
-
-    Each call sees fresh contiguous (d,) rows, so its op shapes, strides and alignment are the
-    same whatever the pass. ``exact=False`` calls ``fn`` once on the whole tensors (faster,
-    not split-invariant).
-    """
-    if not exact:
-        return fn(*xs)
-    lead = xs[0].shape[:-1]
-    flat = [x.reshape(-1, x.shape[-1]) for x in xs]
-    if flat[0].shape[0] == 0:
-        out = fn(*flat)
-    else:
-        out = torch.stack([fn(*(f[i].clone() for f in flat)) for i in range(flat[0].shape[0])])
-    return out.reshape(*lead, *out.shape[1:])
+def _short(value) -> str:
+    """A tensor as its shape and dtype (a repr, not the data); anything else as its repr."""
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    return repr(value)
 
 
-@dataclass(frozen=True, eq=False)
-class Snapshot:
+class ShortRepr:
+    """A dataclass repr that shows tensors by shape and dtype: a snapshot holds megabytes."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f.name}={_short(getattr(self, f.name))}' for f in fields(self))})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Snapshot(ShortRepr):
     """A mixer layer's state at an absolute position: what a prefix cache stores and restores.
 
     position: the state is the one after tokens [0, position) of the sequence.
@@ -55,8 +50,8 @@ class Snapshot:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
 
 
-@dataclass
-class LayerState:
+@dataclass(repr=False)
+class LayerState(ShortRepr):
     """The running state of a mixer layer for nseq sequences.
 
     conv: (nseq, conv_dim, conv_kernel - 1), the activation dtype; ssm: (nseq, *ssm shape)
@@ -121,8 +116,13 @@ class SSMMixer(nn.Module):
         return (f"{type(self).__name__} (conv state {self.conv_state_shape}, "
                 f"SSM state {self.ssm_state_shape})")
 
-    def _rows(self, fn, *xs):
-        return per_token(fn, *xs, exact=self.exact)
+    def _linear(self, linear, x):
+        """A projection over x (..., in): batch-invariant tiles when exact, else one batched call."""
+        return exact_linear(linear, x) if self.exact else linear(x)
+
+    def _rowwise(self, fn, *xs):
+        """A per-row function (a norm, a gate): batch-invariant tiles when exact, else one call."""
+        return exact_rowwise(fn, *xs) if self.exact else fn(*xs)
 
     # -- states ---------------------------------------------------------------------------
     def initial_state(self, nseq: int = 1, *, dtype: torch.dtype | None = None,
@@ -216,6 +216,8 @@ class SSMMixer(nn.Module):
         if state is None:
             raise TypeError("step needs a LayerState (use initial_state() for zeros)")
         self._check_state(state, hidden_states.shape[0], hidden_states.dtype, hidden_states.device)
+        check_inplace_target("state.conv", state.conv)
+        check_inplace_target("state.ssm", state.ssm)
         out = self._step(hidden_states, state)
         state.positions = tuple(p + 1 for p in state.positions)
         return out

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._common import check_bool
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba1_scan
 from .common import SSMMixer
@@ -27,7 +28,7 @@ class Mamba1Mixer(SSMMixer):
     def __init__(self, hidden_size: int, intermediate_size: int, state_size: int = 16, conv_kernel: int = 4,
                  time_step_rank: int | None = None, *, use_bias: bool = False, use_conv_bias: bool = True,
                  time_step_min: float = 0.001, time_step_max: float = 0.1, time_step_floor: float = 1e-4,
-                 hidden_act: str = "silu", exact: bool = True, backend: str = "auto", device=None, dtype=None):
+                 hidden_act: str = "silu", exact: bool = False, backend: str = "auto", device=None, dtype=None):
         super().__init__()
         if hidden_act not in ("silu", "swish"):
             raise ValueError(f"hidden_act must be 'silu' (the conv kernel's activation), got {hidden_act!r}")
@@ -38,7 +39,7 @@ class Mamba1Mixer(SSMMixer):
         self.conv_dim = intermediate_size
         self.time_step_rank = math.ceil(hidden_size / 16) if time_step_rank is None else int(time_step_rank)
         self.activation = hidden_act
-        self.exact = exact
+        self.exact = check_bool("exact", exact)
         self.backend = backend
         factory = dict(device=device, dtype=dtype)
 
@@ -76,9 +77,9 @@ class Mamba1Mixer(SSMMixer):
 
     def _ssm_inputs(self, u):
         """(..., intermediate) conv outputs -> dt (..., intermediate), B, C (..., state_size)."""
-        dt, B, C = self._rows(self.x_proj, u).split(
+        dt, B, C = self._linear(self.x_proj, u).split(
             [self.time_step_rank, self.ssm_state_size, self.ssm_state_size], dim=-1)
-        dt = self._rows(lambda r: F.linear(r, self.dt_proj.weight), dt)
+        dt = self._linear(lambda r: F.linear(r, self.dt_proj.weight), dt)
         return dt, B, C
 
     def _scan(self, u, dt, B, C, gate, initial_states, cu_seqlens=None, capture=None):
@@ -90,22 +91,22 @@ class Mamba1Mixer(SSMMixer):
                            backend=self.backend)
 
     def _mix(self, hidden_states, state, cu_seqlens, capture):
-        x, gate = self._rows(self.in_proj, hidden_states).chunk(2, dim=-1)
+        x, gate = self._linear(self.in_proj, hidden_states).chunk(2, dim=-1)
         conv = causal_conv1d(x.transpose(1, 2), self.conv1d.weight[:, 0], self.conv1d.bias,
                              activation=self.activation, initial_states=state.conv, cu_seqlens=cu_seqlens,
                              capture=capture, backend=self.backend)
         u = conv.out.transpose(1, 2).contiguous()  # token-major: the same strides in every pass
         dt, B, C = self._ssm_inputs(u)
         scan = self._scan(u, dt, B, C, gate, state.ssm, cu_seqlens, capture)
-        out = self._rows(self.out_proj, scan.y.transpose(1, 2).to(hidden_states.dtype))
+        out = self._linear(self.out_proj, scan.y.transpose(1, 2).to(hidden_states.dtype))
         return out, conv, scan
 
     def _step(self, hidden_states, state):
-        x, gate = self._rows(self.in_proj, hidden_states).chunk(2, dim=-1)
+        x, gate = self._linear(self.in_proj, hidden_states).chunk(2, dim=-1)
         u = causal_conv1d_update(x, state.conv, self.conv1d.weight[:, 0], self.conv1d.bias,
                                  activation=self.activation, backend=self.backend)
         one = lambda v: v.unsqueeze(1)  # a one-token pass per sequence
         dt, B, C = self._ssm_inputs(one(u))
         scan = self._scan(one(u), dt, B, C, one(gate), state.ssm)
         state.ssm.copy_(scan.final_states)
-        return self._rows(self.out_proj, scan.y[:, :, 0].to(hidden_states.dtype))
+        return self._linear(self.out_proj, scan.y[:, :, 0].to(hidden_states.dtype))

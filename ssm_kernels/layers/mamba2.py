@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._common import check_bool
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba2_scan, selective_state_update
 from .common import SSMMixer
@@ -16,7 +17,7 @@ class GatedRMSNorm(nn.Module):
     """transformers' MambaRMSNormGated: gate first, then RMS-normalise per group of
     ``group_size`` channels: ``weight * norm(x * silu(gate))``, computed in float32.
 
-    Takes one token's rows (hidden,) or any (..., hidden); the mixer calls it per token.
+    Takes one token's row (hidden,) or any (..., hidden); each row is normalised alone.
     """
 
     def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6, *, device=None, dtype=None):
@@ -47,13 +48,13 @@ class Mamba2Mixer(SSMMixer):
     and projected by out_proj. intermediate = num_heads * head_dim,
     conv_dim = intermediate + 2 * n_groups * state_size.
 
-    ``exact=True`` (default) runs the projections and the norm one token at a time, so outputs,
-    states and snapshots are bit-identical however a sequence is split into passes (see
-    layers.common). ``backend`` goes to the kernels ("auto": Triton on CUDA, PyTorch on CPU);
-    ``algorithm`` and ``chunk_size`` to mamba2_scan: the default "recurrent" is exact at any
-    split; "chunked" is faster for long GPU prefills and exact at splits on multiples of
-    chunk_size (absolute positions: the layer passes its states' positions), elsewhere to
-    rounding only.
+    ``exact=True`` runs the projections and the norm as batch-invariant row ops (layers.rows), so
+    outputs, states and snapshots are bit-identical however a sequence is split into passes;
+    ``exact=False`` (default) runs them as plain batched ops (faster; splits agree to rounding).
+    ``backend`` goes to the kernels ("auto": Triton on CUDA, PyTorch on CPU); ``algorithm`` and
+    ``chunk_size`` to mamba2_scan: the default "recurrent" is exact at any split; "chunked" is
+    faster for long GPU prefills and exact at splits on multiples of chunk_size (absolute
+    positions: the layer passes its states' positions), elsewhere to rounding only.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, state_size: int = 128,
@@ -61,7 +62,7 @@ class Mamba2Mixer(SSMMixer):
                  use_conv_bias: bool = True, layer_norm_epsilon: float = 1e-5,
                  time_step_limit: tuple[float, float] = (0.0, math.inf),
                  time_step_min: float = 0.001, time_step_max: float = 0.1, time_step_floor: float = 1e-4,
-                 hidden_act: str = "silu", exact: bool = True, backend: str = "auto",
+                 hidden_act: str = "silu", exact: bool = False, backend: str = "auto",
                  algorithm: str = "recurrent", chunk_size: int | None = None, device=None, dtype=None):
         super().__init__()
         if hidden_act not in ("silu", "swish"):
@@ -78,7 +79,7 @@ class Mamba2Mixer(SSMMixer):
         self.conv_dim = self.intermediate_size + 2 * n_groups * state_size
         self.time_step_limit = tuple(time_step_limit)
         self.activation = hidden_act
-        self.exact = exact
+        self.exact = check_bool("exact", exact)
         self.backend = backend
         self.algorithm = algorithm
         self.chunk_size = chunk_size
@@ -134,12 +135,12 @@ class Mamba2Mixer(SSMMixer):
                     backend=self.backend)
 
     def _finish(self, y, gate, dtype):
-        """Gated norm and out_proj, token by token: y, gate (..., intermediate)."""
-        y = self._rows(self.norm, y, gate)
-        return self._rows(self.out_proj, y.to(dtype))
+        """Gated norm and out_proj: y, gate (..., intermediate)."""
+        y = self._rowwise(self.norm, y, gate)
+        return self._linear(self.out_proj, y.to(dtype))
 
     def _mix(self, hidden_states, state, cu_seqlens, capture):
-        proj = self._rows(self.in_proj, hidden_states)  # (batch, seqlen, projection)
+        proj = self._linear(self.in_proj, hidden_states)  # (batch, seqlen, projection)
         gate, xBC, dt = proj.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
         conv = causal_conv1d(xBC.transpose(1, 2), self.conv1d.weight[:, 0], self.conv1d.bias,
                              activation=self.activation, initial_states=state.conv, cu_seqlens=cu_seqlens,
@@ -155,7 +156,7 @@ class Mamba2Mixer(SSMMixer):
         return out, conv, scan
 
     def _step(self, hidden_states, state):
-        proj = self._rows(self.in_proj, hidden_states)  # (nseq, projection)
+        proj = self._linear(self.in_proj, hidden_states)  # (nseq, projection)
         gate, xBC, dt = proj.split([self.intermediate_size, self.conv_dim, self.num_heads], dim=-1)
         xBC = causal_conv1d_update(xBC, state.conv, self.conv1d.weight[:, 0], self.conv1d.bias,
                                    activation=self.activation, backend=self.backend)

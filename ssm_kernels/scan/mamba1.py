@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, ScanResult, check_same_device, check_tensor, make_capture_table,
+from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, make_capture_table,
                        make_sequences, new_output, resolve_backend)
 from . import dispatch
 from .problem import ScanProblem, check_scan_sizes
@@ -61,6 +61,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
             check_tensor(name, t, [("dim", dim)], FLOAT_DTYPES)
     if z is not None:
         check_tensor("z", z, [("batch", batch), ("dim", dim), ("seqlen", seqlen)], FLOAT_DTYPES)
+    check_bool("delta_softplus", delta_softplus)
     device = check_same_device(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
                                initial_states=initial_states)
     seqs = make_sequences(batch, seqlen, cu_seqlens, device)
@@ -79,7 +80,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     dispatch.run(ScanProblem(
         x=_as_rows(u, ngroups), dt=_as_rows(delta, ngroups), A=grouped(A), B=bc_rows(B), C=bc_rows(C),
         D=grouped(D), z=None if z is None else _as_rows(z, ngroups), dt_bias=grouped(delta_bias),
-        dt_softplus=bool(delta_softplus), dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
+        dt_softplus=delta_softplus, dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
         state_in=states(initial_states), state_index=None, seqs=seqs, captures=captures,
         y=_as_rows(y, ngroups), state_out=states(final_states), captured=states(captured),
     ), backend)

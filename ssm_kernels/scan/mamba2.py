@@ -5,8 +5,9 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, ScanResult, check_dt_limit, check_same_device, check_state_indices,
-                       check_tensor, make_capture_table, make_sequences, new_output, resolve_backend)
+from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_dt_limit, check_inplace_target, check_same_device,
+                       check_state_indices, check_tensor, make_capture_table, make_sequences, new_output,
+                       resolve_backend)
 from . import chunked
 from . import dispatch
 from .problem import ScanProblem, check_scan_sizes
@@ -55,7 +56,7 @@ def _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, sta
         x=x, dt=dt.unsqueeze(-1).expand(*dt.shape, headdim),
         A=A.view(nheads, 1, 1).expand(nheads, headdim, dstate), B=B, C=C,
         D=_per_row(D, nheads, headdim), z=z, dt_bias=_per_row(dt_bias, nheads, headdim),
-        dt_softplus=bool(dt_softplus), dt_min=dt_limit[0], dt_max=dt_limit[1], a_per_state=False,
+        dt_softplus=dt_softplus, dt_min=dt_limit[0], dt_max=dt_limit[1], a_per_state=False,
         state_in=state_in, state_index=state_index, seqs=seqs, captures=captures,
         y=y, state_out=state_out, captured=captured)
 
@@ -110,6 +111,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     longer pass bit for bit. A pass that starts elsewhere agrees with it to rounding only.
     """
     nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
+    check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                initial_states=initial_states)
@@ -140,7 +142,8 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
     """One decode token for each batch row (Mamba-2 layout), updating `state` in place.
 
     Args:
-        state: (nslots, nheads, headdim, dstate) float32, updated in place.
+        state: (nslots, nheads, headdim, dstate) float32, updated in place (any strides, but no
+            overlapping memory, and not requiring grad).
         x: (batch, nheads, headdim); dt: (batch, nheads); A: (nheads,) float32;
         B, C: (batch, ngroups, dstate); D: (nheads,) or (nheads, headdim); z: like x;
         dt_bias: (nheads,); dt_softplus and dt_limit as in mamba2_scan.
@@ -153,9 +156,11 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
     Bit-identical to a one-token mamba2_scan pass from the same state.
     """
     nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
+    check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     check_tensor("state", state, [("nslots", None), ("nheads", nheads), ("headdim", headdim),
                                   ("dstate", dstate)], F32)
+    check_inplace_target("state", state)
     device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                state_indices=state_indices)
     slots = check_state_indices(state_indices, x.shape[0], state.shape[0], "state", device)

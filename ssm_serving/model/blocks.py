@@ -1,5 +1,6 @@
-"""The non-SSM parts of the hybrid model, each computed one token at a time for exactness:
-RMSNorm, a SwiGLU MLP, and causal self-attention over a KV cache.
+"""The non-SSM parts of the hybrid model: RMSNorm, a SwiGLU MLP, and causal self-attention over a
+KV cache. Projections and norms run as batch-invariant row ops (ssm_kernels.layers.rows), so a
+token's result never depends on how many tokens share its pass.
 
 Attention is split-invariant by construction: query t attends to the cached keys [0, t] with
 operations whose shapes depend on t alone (one query row over a contiguous key prefix), never on
@@ -13,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ssm_kernels.layers import per_token
+from ssm_kernels.layers import exact_linear, exact_rowwise
 
 
 class RMSNorm(nn.Module):
-    """weight * x / sqrt(mean(x^2) + eps), in float32, one token at a time."""
+    """weight * x / sqrt(mean(x^2) + eps), in float32, each row alone."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, *, dtype=None):
         super().__init__()
@@ -30,23 +31,20 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return per_token(self._row, x)
+        return exact_rowwise(self._row, x)
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), one token at a time."""
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=None):
         super().__init__()
         self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False, dtype=dtype)
         self.down = nn.Linear(intermediate_size, hidden_size, bias=False, dtype=dtype)
 
-    def _row(self, x):
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return per_token(self._row, x)
+        gate, up = exact_linear(self.gate_up, x).chunk(2, dim=-1)
+        return exact_linear(self.down, exact_rowwise(lambda g, u: F.silu(g) * u, gate, up))
 
 
 class KVCache:
@@ -103,7 +101,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """x (T, hidden): the tokens following the cache's rows; appends their keys and values."""
-        qkv = per_token(self.qkv, x).unflatten(-1, (3, self.num_heads, self.head_dim))
+        qkv = exact_linear(self.qkv, x).unflatten(-1, (3, self.num_heads, self.head_dim))
         start = cache.length
         cache.append(qkv[:, 1], qkv[:, 2])
         scale = 1.0 / math.sqrt(self.head_dim)
@@ -115,4 +113,4 @@ class Attention(nn.Module):
             probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
             rows.append(torch.einsum("hn,nhd->hd", probs, v).flatten())
         out = torch.stack(rows) if rows else x.new_zeros(0, x.shape[-1])
-        return per_token(self.o_proj, out)
+        return exact_linear(self.o_proj, out)

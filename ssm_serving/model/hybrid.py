@@ -1,27 +1,59 @@
 """A small hybrid language model: Mamba-2 and attention layers interleaved, each followed by an
 MLP, with pre-norm residuals, seeded random weights, and per-pass state capture.
 
-Every op runs so that a token's result never depends on the pass it is in (everything but the
-scan one token at a time; see layers.common and model.blocks). With the recurrent scan (the
-default) a prefill split into any passes, resumed from any captured snapshot, therefore gives
-bit-identical logits to one cold pass. With the chunked scan (``scan_algorithm="chunked"``) that
-holds for passes that start at multiples of ``chunk_size`` (``scan_grid``), which is what the
-planner's grid option plans.
+Every op runs so that a token's result never depends on the pass it is in (projections and norms
+as batch-invariant row ops, see ssm_kernels.layers.rows and model.blocks; the Mamba layers with
+exact=True). With the recurrent scan (the default) a prefill split into any passes, resumed from
+any captured snapshot, therefore gives bit-identical logits to one cold pass. With the chunked scan
+(``scan_algorithm="chunked"``) that holds for passes that start at multiples of ``chunk_size``
+(``scan_grid``), which is what the planner's grid option plans.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from ssm_kernels.layers import Mamba2Mixer, Snapshot, per_token
+from ssm_kernels import MAX_DSTATE
+from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
 from ssm_kernels.scan.chunked import check_chunk_size
 
 from .blocks import MLP, Attention, KVCache, RMSNorm
 
 LOGITS = ("all", "last", "none")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_tokens(tokens, vocab_size: int) -> list[int]:
+    """Token ids as a list of ints: a sequence (or other iterable, e.g. a NumPy array) of ints, not
+    bools or floats, or a 1-D integer tensor; each in [0, vocab_size)."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.ndim != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be a 1-D integer tensor or a sequence of ints, got a tensor of shape "
+                            f"{tuple(tokens.shape)} and dtype {tokens.dtype}")
+        if tokens.device.type == "meta":
+            raise ValueError("tokens is on the meta device, which holds no values")
+        ids = tokens.tolist()
+    elif isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        raise TypeError(f"tokens must be a sequence of ints or a 1-D integer tensor, got {type(tokens).__name__}")
+    else:
+        ids = []
+        for i, token in enumerate(tokens):
+            try:
+                if isinstance(token, bool):
+                    raise TypeError
+                ids.append(operator.index(token))
+            except TypeError:
+                raise TypeError(f"tokens[{i}] must be an int token id, got {token!r} ({type(token).__name__})") from None
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"token ids must be in [0, {vocab_size}), got tokens[{bad}] = {ids[bad]}")
+    return ids
 
 
 @dataclass(frozen=True)
@@ -54,9 +86,22 @@ class HybridConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(self.attention_every, bool) or not isinstance(self.attention_every, int) \
-                or self.attention_every < 0:
-            raise ValueError(f"attention_every must be an int >= 0, got {self.attention_every!r}")
+        for name in ("attention_every", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real) or not 0 < self.eps < math.inf:
+            raise ValueError(f"eps must be a positive finite number, got {self.eps!r}")
+        if self.dtype not in DTYPES:
+            raise TypeError(f"dtype must be one of {', '.join(map(str, DTYPES))} (the kernels' activation dtypes), "
+                            f"got {self.dtype!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                             f"({self.num_attention_heads})")
+        if self.mamba_heads % self.n_groups:
+            raise ValueError(f"mamba_heads ({self.mamba_heads}) must be a multiple of n_groups ({self.n_groups})")
+        if self.state_size > MAX_DSTATE:
+            raise ValueError(f"state_size {self.state_size} is beyond the kernels' limit of {MAX_DSTATE}")
         if self.scan_algorithm not in ("recurrent", "chunked"):
             raise ValueError(f"scan_algorithm must be 'recurrent' or 'chunked', got {self.scan_algorithm!r}")
         check_chunk_size(self.chunk_size)
@@ -94,6 +139,18 @@ class ModelState:
     layers: list = field(default_factory=list)
 
 
+def _check_offsets(capture, length: int) -> list[int]:
+    """Capture offsets of a pass of ``length`` tokens: ints in [0, length]."""
+    offsets = []
+    for i, k in enumerate(capture):
+        if isinstance(k, bool) or not isinstance(k, (int, numbers.Integral)):
+            raise TypeError(f"capture[{i}] must be an int offset, got {k!r} ({type(k).__name__})")
+        if not 0 <= k <= length:
+            raise ValueError(f"capture[{i}] = {k} is outside this pass's offsets 0..{length}")
+        offsets.append(int(k))
+    return offsets
+
+
 class PassOutput(NamedTuple):
     """logits: (T, vocab) for "all", (1, vocab) for "last", None for "none"; state: the state
     after the pass (the same object, advanced); snapshots: one per capture, in order."""
@@ -113,8 +170,9 @@ class _Block(nn.Module):
         else:
             self.mixer = Mamba2Mixer(config.hidden_size, config.mamba_heads, config.mamba_head_dim,
                                      config.state_size, config.n_groups, config.conv_kernel,
-                                     layer_norm_epsilon=config.eps, backend=backend, dtype=config.dtype,
-                                     algorithm=config.scan_algorithm, chunk_size=config.chunk_size)
+                                     layer_norm_epsilon=config.eps, exact=True, backend=backend,
+                                     dtype=config.dtype, algorithm=config.scan_algorithm,
+                                     chunk_size=config.chunk_size)
         self.norm2 = RMSNorm(config.hidden_size, config.eps, dtype=config.dtype)
         self.mlp = MLP(config.hidden_size, config.mlp_size, dtype=config.dtype)
 
@@ -143,6 +201,12 @@ class HybridLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
+
+    def check_device(self) -> None:
+        """Refuse to compute on the meta device: the weights have shapes but no values."""
+        if self.device.type == "meta":
+            raise ValueError("the model is on the meta device, which holds shapes but no weights: build it on a real "
+                             "device (HybridLM(config, device=...)) or load weights into it first")
 
     @property
     def mamba_layers(self) -> list[Mamba2Mixer]:
@@ -176,8 +240,16 @@ class HybridLM(nn.Module):
                 layers.append(block.mixer.restore(next(mamba)))
             else:
                 k, v = next(attention)
-                if k.shape[0] != snapshot.position:
-                    raise ValueError(f"KV rows ({k.shape[0]}) must cover the snapshot's {snapshot.position} positions")
+                want = (snapshot.position, block.mixer.num_heads, block.mixer.head_dim)
+                for name, t in (("keys", k), ("values", v)):
+                    if not isinstance(t, torch.Tensor):
+                        raise TypeError(f"KV {name} must be tensors, got {type(t).__name__}")
+                    if tuple(t.shape) != want:
+                        raise ValueError(f"KV {name} of shape {tuple(t.shape)} must be (position, heads, head_dim) = "
+                                         f"{want}: rows for the snapshot's {snapshot.position} positions")
+                    if t.dtype != self.config.dtype or t.device != self.device:
+                        raise TypeError(f"KV {name} must be {self.config.dtype} on {self.device}, got {t.dtype} on "
+                                        f"{t.device}")
                 layers.append(KVCache.from_rows(k, v))
         return ModelState(snapshot.position, layers)
 
@@ -193,11 +265,11 @@ class HybridLM(nn.Module):
         at the pass ``capture`` offsets (0..T; absolute position state.position + offset)."""
         if logits not in LOGITS:
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
-        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
-        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
-        capture = [(0, int(k)) for k in capture]
+        self.check_device()
+        ids = torch.tensor(check_tokens(tokens, self.config.vocab_size), dtype=torch.long, device=self.device)
+        if not isinstance(state, ModelState):
+            raise TypeError(f"state must be a ModelState (new_state() or restore()), got {type(state).__name__}")
+        capture = [(0, k) for k in _check_offsets(capture, ids.numel())]
         h = self.embed(ids)  # (T, hidden)
         captured = []
         for i, block in enumerate(self.blocks):
@@ -216,7 +288,7 @@ class HybridLM(nn.Module):
         if logits == "last":
             h = h[-1:]
         if logits != "none":
-            out = per_token(self.lm_head, self.norm(h))
+            out = exact_linear(self.lm_head, self.norm(h))
         snapshots = [ModelSnapshot(state.position - ids.numel() + k, tuple(layer[j] for layer in captured))
                      for j, (_, k) in enumerate(capture)]
         return PassOutput(out, state, snapshots)
