@@ -28,12 +28,12 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+from triton.backends.nvidia.compiler import CUDABackend, get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import JITFunction, mangle_type  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-LAUNCH_OPTIONS = ("num_warps", "num_stages")
+BACKEND = CUDABackend(TARGET)
 PTXAS = get_ptxas(TARGET.arch).path  # the ptxas Triton itself uses for this target
 SPILL_LIMIT_BYTES = 64
 compiled: dict = {}
@@ -53,19 +53,15 @@ def resource_usage(ptx: str) -> dict[str, int]:
 
 
 def compile_instead_of_launch(self, *args, grid, warmup, **kwargs):
-    options = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs}
-    bound = dict(zip(self.arg_names, args), **kwargs)
-    signature, constexprs = {}, {}
-    for param in self.params:
-        value = bound[param.name] if param.name in bound else param.default
-        if param.is_constexpr:
-            signature[param.name] = "constexpr"
-            constexprs[(param.num,)] = value
-        else:
-            signature[param.name] = mangle_type(value)
-    key = (self.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())), tuple(options.items()))
+    # Specialise as a launch does (the runtime binder): 16-byte alignment and stride-1 arguments
+    # become attributes, which change the code (vector loads, address registers).
+    bound, specialization, options = create_function_from_signature(self.signature, self.params, BACKEND)(
+        *args, **kwargs)
+    options, signature, constexprs, attrs = self._pack_args(BACKEND, kwargs, bound, specialization, options)
+    options = {k: getattr(options, k) for k in ("num_warps", "num_stages")}
+    key = (self.fn.__name__, str(signature), str(constexprs), str(attrs), tuple(options.items()))
     if key not in compiled:
-        kernel = triton.compile(ASTSource(self, signature, constexprs), target=TARGET, options=options)
+        kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=TARGET, options=options)
         compiled[key] = kernel
         flags = ", ".join(f"{self.arg_names[k[0]]}={v}" for k, v in sorted(constexprs.items()))
         usage = resource_usage(kernel.asm["ptx"])
