@@ -284,7 +284,8 @@ def main(argv=None) -> int:
                         + "; ".join(SHAPES))
     parser.add_argument("--layer", action="append", help="a custom layer instead of the standard shapes "
                         "(repeatable): mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N")
-    parser.add_argument("--tokens", type=int, action="append", help="prefill tokens (repeatable)")
+    parser.add_argument("--tokens", type=int, action="append",
+                        help="prefill tokens (repeatable; multiples of 256 from 2048 on)")
     parser.add_argument("--batch", type=int, action="append", help="decode batch (repeatable)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-static)")
@@ -293,9 +294,10 @@ def main(argv=None) -> int:
         args.shape = args.shape or ["2.7B", "2.8B"]
         args.tokens = args.tokens or [8192]
         args.batch = args.batch or [64]
-    from .static_workloads import CHUNK
-    if any(n <= 0 or n % CHUNK for n in args.tokens or ()):
-        parser.error(f"--tokens must be positive multiples of {CHUNK} (the counts are extrapolated from full chunks)")
+    from .static_workloads import CHUNK, CHUNKED_COUNT_TOKENS
+    if any(n < CHUNKED_COUNT_TOKENS[0] or n % CHUNK for n in args.tokens or ()):
+        parser.error(f"--tokens must be multiples of {CHUNK} from {CHUNKED_COUNT_TOKENS[0]} on (chunked calls are "
+                     f"counted at {CHUNKED_COUNT_TOKENS} tokens and extrapolated)")
     if any(n <= 0 for n in args.batch or ()):
         parser.error("--batch must be positive")
     out = args.out or Path("bench/results") / f"{datetime.date.today().isoformat()}-static"

@@ -12,7 +12,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 H, P, N, G = 4, 16, 32, 1  # every tile dimension a power of two >= 16: no padded block
-TOKENS, BATCH = 1024, 8
+TOKENS, BATCH = 3072, 8  # chunked calls are counted at 2048 and 4096 tokens, the others at 64 and 128
 LAYER = f"mamba2:nheads={H},headdim={P},dstate={N},ngroups={G}"
 WORKLOADS = ("mamba2_scan recurrent", "mamba2_scan chunked + 8 captures", "selective_state_update")
 

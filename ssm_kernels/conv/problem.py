@@ -33,6 +33,12 @@ class ConvProblem:
     x: (batch, dim, seqlen); weight: (dim, width); bias: (dim,) or None.
     state_in: (nseq, dim, width - 1) in x's dtype, or None for zeros.
     out: like x; state_out: (nseq, dim, width - 1); captured: (ncapture, dim, width - 1).
+    Engine options (ssm_kernels.engine), all off by default:
+        state_index: (nseq,) int64 or None: sequence s reads state_in[state_index[s]] and writes
+            state_out[state_index[s]] (both then a pool of slots, possibly the same tensor).
+        has_initial: (nseq,) bool or None: where False, sequence s starts from zero inputs.
+        skip_slot: an int or None: a sequence whose state_index is skip_slot is not computed
+            and writes nothing; a capture whose row is skip_slot is not written.
     """
 
     x: torch.Tensor
@@ -45,6 +51,9 @@ class ConvProblem:
     out: torch.Tensor
     state_out: torch.Tensor
     captured: torch.Tensor
+    state_index: torch.Tensor | None = None
+    has_initial: torch.Tensor | None = None
+    skip_slot: int | None = None
 
     @property
     def width(self) -> int:

@@ -46,6 +46,15 @@ class ScanProblem:
     Outputs (written by the backend):
         y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32;
         captured: (ncapture, nheads, headdim, dstate) float32.
+    Engine options (ssm_kernels.engine), all off by default:
+        has_initial: (nseq,) bool or None: where False, sequence s starts from zeros instead of
+            reading state_in.
+        state_out_index: (nseq,) int64 or None: sequence s writes state_out[state_out_index[s]]
+            (default: state_index).
+        skip_slot: an int or None: a sequence whose state_index is skip_slot is not computed
+            and writes nothing; a capture whose row is skip_slot is not written.
+        State tensors (state_in, state_out, captured) may then be float32, float16 or bfloat16:
+        the state is loaded into float32 and rounded to the tensor's dtype on store.
     """
 
     x: torch.Tensor
@@ -67,6 +76,9 @@ class ScanProblem:
     y: torch.Tensor
     state_out: torch.Tensor
     captured: torch.Tensor
+    has_initial: torch.Tensor | None = None
+    state_out_index: torch.Tensor | None = None
+    skip_slot: int | None = None
 
     @property
     def dims(self) -> tuple[int, int, int, int]:

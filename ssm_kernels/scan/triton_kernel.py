@@ -53,6 +53,7 @@ def _scan_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr,
     state_in_ptr, state_out_ptr, state_index_ptr, y_ptr, captured_ptr,
     cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
+    has_initial_ptr, state_out_index_ptr, skip_slot,
     headdim, dstate, heads_per_group, dt_min, dt_max,
     s_x_b, s_x_t, s_x_h, s_x_p,
     s_dt_b, s_dt_t, s_dt_h, s_dt_p,
@@ -70,6 +71,7 @@ def _scan_kernel(
     DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, HAS_STATE_INDEX: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
+    HAS_INITIAL_FLAGS: tl.constexpr, HAS_OUT_INDEX: tl.constexpr, HAS_SKIP: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
@@ -82,12 +84,21 @@ def _scan_kernel(
         i_slot = tl.load(state_index_ptr + i_s).to(tl.int64)
     else:
         i_slot = i_s
+    i_slot_out = i_slot
+    if HAS_OUT_INDEX:
+        i_slot_out = tl.load(state_out_index_ptr + i_s).to(tl.int64)
+    # A skipped sequence (an engine's padding row) runs no token and stores nothing.
+    live = tl.full([], True, tl.int1)  # a scalar flag (the interpreter wants a typed one)
+    if HAS_SKIP:
+        live = live & (i_slot != skip_slot)
+        length = tl.where(live, length, 0)
 
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
     o_n = tl.arange(0, BLOCK_N)
     m_p = o_p < headdim
     m_n = o_n < dstate
     m_pn = m_p[:, None] & m_n[None, :]
+    m_store = m_pn & live
 
     # Pointers to token 0 of this tile's sequence; _advance adds t * stride.
     p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h + o_p * s_x_p
@@ -111,7 +122,11 @@ def _scan_kernel(
 
     o_state = o_p[:, None] * s_in_p + o_n[None, :] * s_in_n
     if HAS_INITIAL_STATE:
-        state = tl.load(state_in_ptr + i_slot * s_in_s + i_h * s_in_h + o_state, mask=m_pn, other=0.0)
+        m_init = m_store
+        if HAS_INITIAL_FLAGS:
+            m_init = m_store & (live & (tl.load(has_initial_ptr + i_s) != 0))
+        state = tl.load(state_in_ptr + i_slot * s_in_s + i_h * s_in_h + o_state, mask=m_init,
+                        other=0.0).to(tl.float32)
     else:
         state = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
 
@@ -126,15 +141,18 @@ def _scan_kernel(
                              b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
                              HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE)
             row = tl.load(cap_row_ptr + c)
+            m_cap = m_store
+            if HAS_SKIP:  # a capture whose destination is the skip slot is dropped
+                m_cap = m_store & (live & (row != skip_slot))
             p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n
-            tl.store(p_cap, state, mask=m_pn)
+            tl.store(p_cap, state.to(captured_ptr.dtype.element_ty), mask=m_cap)
             done = offset
     state = _advance(state, done, length, p_x, p_dt, p_B, p_C, p_z, p_y,
                      s_x_t, s_dt_t, s_B_t, s_C_t, s_z_t, s_y_t,
                      b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
                      HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE)
-    p_out = state_out_ptr + i_slot * s_out_s + i_h * s_out_h + o_p[:, None] * s_out_p + o_n[None, :] * s_out_n
-    tl.store(p_out, state, mask=m_pn)
+    p_out = state_out_ptr + i_slot_out * s_out_s + i_h * s_out_h + o_p[:, None] * s_out_p + o_n[None, :] * s_out_n
+    tl.store(p_out, state.to(state_out_ptr.dtype.element_ty), mask=m_store)
 
 
 def launch_config(headdim: int, dstate: int) -> tuple[int, int, int]:
@@ -168,6 +186,8 @@ def run_triton(p: ScanProblem) -> None:
         ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out,
         ptr_or(p.state_index, p.seqs.cu_seqlens), ptr_or(p.y, out), ptr_or(p.captured, out),
         p.seqs.cu_seqlens, cap.ptr, ptr_or(cap.offset, cap.ptr), ptr_or(cap.row, cap.ptr),
+        ptr_or(p.has_initial, cap.ptr), ptr_or(p.state_out_index, cap.ptr),
+        p.skip_slot if p.skip_slot is not None else 0,
         headdim, dstate, nheads // ngroups, p.dt_min, p.dt_max,
         *p.x.stride(), *p.dt.stride(), *p.A.stride(), *p.B.stride(), *p.C.stride(),
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
@@ -176,6 +196,8 @@ def run_triton(p: ScanProblem) -> None:
         DT_SOFTPLUS=p.dt_softplus, A_PER_STATE=p.a_per_state,
         HAS_INITIAL_STATE=p.state_in is not None, HAS_STATE_INDEX=p.state_index is not None,
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
+        HAS_INITIAL_FLAGS=p.has_initial is not None, HAS_OUT_INDEX=p.state_out_index is not None,
+        HAS_SKIP=p.skip_slot is not None,
         BLOCK_P=block_p, BLOCK_N=block_n,
         num_warps=num_warps,
     )
