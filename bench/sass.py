@@ -50,15 +50,30 @@ class Instr:
 
 
 @lru_cache(maxsize=None)
+def _package_root(name: str) -> str | None:
+    """The folder holding importable top-level package `name`, or None."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return os.path.dirname(locations[0]) if locations else None
+
+
+@lru_cache(maxsize=None)
 def package_path(path: str) -> str:
     """A source file's path from its top-level package down ('ssm_kernels/scan/triton_kernel.py'),
-    the same whichever checkout or install it sits in (a cubin from Triton's cache keeps the path
-    of the checkout that first compiled it; the source, and so the lines, are the same), or the
-    path itself outside a package."""
-    top, folder = None, os.path.dirname(path)
-    while os.path.exists(os.path.join(folder, "__init__.py")):
-        top, folder = folder, os.path.dirname(folder)
-    return os.path.relpath(path, os.path.dirname(top)) if top else path
+    the same whichever checkout or install it came from: a cubin from Triton's cache keeps the
+    path of the checkout that first compiled it, which may be gone (the source, and so the lines,
+    are the same: the cache key holds both). The first folder of the path that names a package
+    importable here, with the rest of the path inside it, starts it; else the path itself."""
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        root = _package_root(part) if part.isidentifier() else None
+        if root and os.path.exists(os.path.join(root, *parts[i:])):
+            return os.path.join(*parts[i:])
+    return path
 
 
 def source_key(path: str, line: int) -> str:
@@ -67,16 +82,9 @@ def source_key(path: str, line: int) -> str:
 
 def local_source(key: str) -> tuple[str, int]:
     """(path in this interpreter's import of the package, line) of a 'package/file.py:line' key."""
-    import importlib.util
     path, _, line = key.rpartition(":")
-    package = path.split(os.sep)[0]
-    try:
-        spec = importlib.util.find_spec(package)
-        root = os.path.dirname(list(spec.submodule_search_locations)[0])
-        path = os.path.join(root, path)
-    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
-        pass
-    return path, int(line)
+    root = _package_root(path.split(os.sep)[0])
+    return (os.path.join(root, path) if root else path), int(line)
 
 
 @dataclass
