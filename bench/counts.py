@@ -1,7 +1,8 @@
 """What a call's kernels do, counted by running them through the Triton interpreter on a sample
 of their programs at reduced sizes: bytes loaded and stored (masked-off elements excluded), dot
 FLOPs, transcendental evaluations (exp, log, ... : the MUFU work) and how many times each source
-line ran.
+line ran, per chain of call sites (a helper called from two places counts apart for each, as the
+SASS inlines it twice).
 
 Run in a subprocess with TRITON_INTERPRET=1 (`count(requests)` starts it; `python -m
 bench.counts` is its entry point, JSON in and out). Every launch of the call is intercepted
@@ -60,12 +61,15 @@ class _Counter:
             return
         self.add(f"bytes_{kind}", amount)
         first = int(np.min(active))
-        self.per_storage[next((r for r in self.ranges if r[0] <= first < r[1]), None)] += amount * self.weight
+        storage = next((r for r in self.ranges if r[0] <= first < r[1]), None)
+        self.per_storage[storage, kind] += amount * self.weight
 
     def unique_bytes(self) -> float:
-        """Bytes each storage must move at least once: what was requested of it, at most its size
-        (an access outside every argument's storage counts in full)."""
-        return float(sum(amount if r is None else min(amount, r[1] - r[0]) for r, amount in self.per_storage.items()))
+        """Bytes each storage must move at least: what was loaded from it, at most its size, and
+        what was stored to it, at most its size (an access outside every argument's storage counts
+        in full)."""
+        return float(sum(amount if r is None else min(amount, r[1] - r[0])
+                         for (r, _), amount in self.per_storage.items()))
 
 
 def _install_counting(counter: _Counter):
@@ -74,6 +78,8 @@ def _install_counting(counter: _Counter):
     undoes it."""
     import numpy as np
     from triton.runtime import interpreter
+
+    from .sass import source_key
 
     builder = interpreter.interpreter_builder
     originals = {}
@@ -112,6 +118,15 @@ def _install_counting(counter: _Counter):
     rewritten = interpreter.InterpretedFunction.rewritten_fn  # filled as kernels and helpers are first called
     kernel_code, known = set(), [0]
 
+    def where(frame) -> str:
+        """'file:line<caller file:line<...' over the kernel frames (bench.sass.Instr.where)."""
+        keys = []
+        while frame is not None:
+            if frame.f_code in kernel_code:
+                keys.append(source_key(frame.f_code.co_filename, frame.f_lineno))
+            frame = frame.f_back
+        return "<".join(keys)
+
     def tracer(frame, event, arg):
         if frame.f_code not in kernel_code:
             if len(rewritten) == known[0]:
@@ -123,7 +138,7 @@ def _install_counting(counter: _Counter):
 
         def on_line(frame, event, arg):
             if event == "line":
-                counter.lines[f"{frame.f_code.co_filename}:{frame.f_lineno}"] += counter.weight
+                counter.lines[where(frame)] += counter.weight
             return on_line
 
         return on_line
@@ -178,7 +193,7 @@ def _run_sampled(fn, args, kwargs, grid) -> dict:
             "lines": dict(counter.lines)}
 
 
-def count_here(workload: str, shape: str, size: int, peer: bool) -> list[dict]:
+def count_here(workload: str, shape, size: int, peer: bool) -> list[dict]:
     """Counts of every launch of one workload call at one size (in this process, which must run
     the interpreter)."""
     import numpy as np
@@ -198,8 +213,8 @@ def count_here(workload: str, shape: str, size: int, peer: bool) -> list[dict]:
 
 
 def count(requests: list[dict]) -> list[dict[int, list[dict]]]:
-    """For each request {workload, shape, sizes, peer}: {size: counts of each launch}, counted in
-    one interpreter subprocess."""
+    """For each request {workload, shape (a shape record), sizes, peer}: {size: counts of each
+    launch}, counted in one interpreter subprocess."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-m", "bench.counts"], input=json.dumps(requests), capture_output=True,
@@ -231,9 +246,12 @@ def extrapolate(by_size: dict[int, list[dict]], size: int) -> list[dict]:
 
 
 def main() -> int:
+    from .static_workloads import shape_from_record
+
     results = []
     for r in json.loads(sys.stdin.read()):
-        results.append({size: count_here(r["workload"], r["shape"], size, r["peer"]) for size in r["sizes"]})
+        shape = shape_from_record(r["shape"])
+        results.append({size: count_here(r["workload"], shape, size, r["peer"]) for size in r["sizes"]})
     print(json.dumps(results))
     return 0
 

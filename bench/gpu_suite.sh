@@ -7,7 +7,9 @@
 #   3. python -m bench.accuracy (every mamba2_scan path against float64), then python -m bench.scan
 #      at the standard shapes, peers included where importable;
 #   4. python -m bench.serve (simulator, one layer's plans, the hybrid model);
-#   5. the short tables, last.
+#   5. python -m bench.vllm on CUDA vLLM (plugin off and on, a Mamba-2 and a Mamba-1 hybrid) when
+#      vLLM is importable, results in $OUT/vllm; skipped, saying so, when it is not (or in a dry run);
+#   6. the short tables, last.
 # Everything goes to $OUT (default bench/results/<UTC date>-gpu; a dry run: -gpu-reduced or
 # -cpu-reduced): scan.json/.md, scan_*.png, serve.json/.md, serve_*.png, logs/*.log and
 # logs/steps.tsv (step, exit status, seconds).
@@ -92,14 +94,32 @@ fi
 # Accuracy of every mamba2_scan path against float64 (the compiled kernels on a GPU).
 step accuracy accuracy.log 120 "$PY" -m bench.accuracy
 
+# vLLM (CUDA) with and without the plugin runs last, when it is installed and this is no dry run.
+HAVE_VLLM=0
+if [ "$DRY_RUN" = 0 ] && "$PY" -c 'import vllm' >/dev/null 2>&1; then HAVE_VLLM=1; fi
+VLLM_RESERVE=0
+[ "$HAVE_VLLM" = 1 ] && VLLM_RESERVE=${VLLM_RESERVE_S:-150}
+
 # The benchmarks share what is left: scan first, leaving SERVE_RESERVE for serve and the summary.
 SERVE_RESERVE=${SERVE_RESERVE:-80}
-limit=$(( $(left) - SERVE_RESERVE ))
+limit=$(( $(left) - SERVE_RESERVE - VLLM_RESERVE ))
 [ "$limit" -lt 60 ] && limit=60
 step scan scan.log "$limit" "$PY" -m bench.scan $REDUCED_FLAG $QUICK --out "$OUT" --time-budget $((limit - 40))
-limit=$(( $(left) - 10 ))
+limit=$(( $(left) - 10 - VLLM_RESERVE ))
 [ "$limit" -lt 30 ] && limit=30
 step serve serve.log "$limit" "$PY" -m bench.serve $REDUCED_FLAG $QUICK --out "$OUT" --time-budget $((limit * 2 / 3))
+
+if [ "$HAVE_VLLM" = 1 ]; then
+  limit=$(( $(left) - 10 ))
+  [ "$limit" -lt 60 ] && limit=60
+  step vllm vllm.log "$limit" "$PY" -m bench.vllm --out "$OUT/vllm" --rounds 3 --models granite jamba \
+    --configs vllm-align plugin-align
+else
+  why="vLLM is not installed for $PY"
+  [ "$DRY_RUN" = 1 ] && why="dry run"
+  echo "=== vllm: skipped ($why; pip install vllm next to this project to measure it)"
+  printf 'vllm\tskipped\t0\n' >> "$STEPS"
+fi
 
 echo "=== summary (suite took ${SECONDS}s)"
 "$PY" -m bench.summary "$OUT" || FAILED=1

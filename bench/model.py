@@ -11,16 +11,19 @@ For one kernel launch on an H200:
               beside it and not used in the max.
     tensor  = dot FLOPs / the rate of the MMA form the SASS uses (wgmma, mma.sync, or FFMA
               when the dot compiles to no MMA instruction, e.g. fp32 ieee dots).
-    issue   = warp-instruction slots / (active schedulers x clock). Slots of one warp's stream:
-              max(instructions, 2 x ALU-pipe instructions, 8 x MUFU instructions) (the ALU pipe
-              is 16 lanes and the MUFU pipe 4 lanes per scheduler), instructions = straight-line
-              SASS once per program + each loop's SASS x its executions (interpreter line counts),
-              times the program's warps. Active schedulers: 4 per SM, at most one per resident warp.
+    issue   = the busiest scheduler's issue slots / clock: ceil(ceil(programs / SMs) x warps per
+              program / 4) warps on it, each issuing a program's average stream. Slots of a
+              stream: max(instructions, 2 x ALU-pipe instructions, 8 x MUFU instructions) (the ALU
+              pipe is 16 lanes and the MUFU pipe 4 lanes per scheduler); instructions =
+              straight-line SASS once per program + each loop's SASS x its executions
+              (interpreter line counts, per chain of inlined call sites).
     latency = waves x one program's dependent time: the straight-line code and each loop
               iteration replayed in order for one warp (an instruction issues one cycle after the
               previous one, or when its operands are ready), times the loop's iterations per
               program. Other warps on the scheduler hide this only through `issue`: the two are
-              reported apart so that a reader sees which one wins.
+              reported apart so that a reader sees which one wins. A global load's latency is
+              the L2 hit's, plus the HBM miss's extra for the fraction of the kernel's requested
+              bytes that are unique (the rest are re-reads, assumed to hit L2).
 
 Waves = ceil(programs / (resident programs per SM x SMs)); resident programs per SM come from
 registers (allocated per warp in units of 256, registers per thread rounded up to 8), shared
@@ -59,7 +62,8 @@ LATENCY = {
     "MUFU": 18,
     "SHFL": 24,
     "shared": 30,  # LDS, LDSM
-    "global": 500,  # LDG that misses L2 (HBM); an L2 hit is ~260
+    "L2": 260,  # a global load that hits L2
+    "HBM": 500,  # a global load that misses L2
     "BAR": 20,
     "MMA": 32,  # HMMA
 }
@@ -70,10 +74,10 @@ STORE_LIKE = ("ST", "STG", "STS", "STL", "RED", "BAR", "BRA", "EXIT", "BSYNC", "
               "CALL", "MEMBAR", "FENCE", "LDGDEPBAR", "DEPBAR", "ERRBAR", "CCTL", "ARRIVES", "SYNCS", "UTMACCTL")
 
 
-def instruction_latency(instr: Instr) -> int:
+def instruction_latency(instr: Instr, global_load: float = LATENCY["HBM"]) -> float:
     base = instr.base
     if base in ("LDG", "LD", "ATOMG", "ATOM", "LDL"):
-        return LATENCY["global"]
+        return global_load
     if base in ("LDS", "LDSM", "LDGSTS"):
         return LATENCY["shared"]
     if base == "MUFU":
@@ -125,13 +129,13 @@ def _registers(instr: Instr) -> tuple[list[str], list[str]]:
     return written, reads + [r for op in rest for r in names(op, width)]
 
 
-def replay_cycles(instrs: list[Instr], iterations: int = 1) -> float:
+def replay_cycles(instrs: list[Instr], iterations: int = 1, global_load: float = LATENCY["HBM"]) -> float:
     """Cycles one warp takes to issue `instrs` in order (module doc); with iterations > 1, the
     steady-state cycles of one more iteration of a loop body."""
     ready: dict[str, float] = {}
     t = 0.0
     ends = []
-    decoded = [(_registers(i), instruction_latency(i)) for i in instrs]
+    decoded = [(_registers(i), instruction_latency(i, global_load)) for i in instrs]
     for _ in range(iterations):
         for (written, read), latency in decoded:
             t = max([t + 1] + [ready.get(r, 0.0) for r in read])
@@ -165,7 +169,7 @@ class LoopReport:
     issue_slots_per_iteration: float
     cycles_per_iteration: float  # one warp alone, in order (replay_cycles)
     iterations_per_program: float | None  # None: no source line of the loop was counted
-    lines: list[str]  # its most frequent source lines, file:line
+    lines: list[str]  # its most frequent source lines, package/file.py:line
 
 
 @dataclass
@@ -181,6 +185,8 @@ class KernelModel:
     dot_flops: float
     warp_instructions: float
     issue_slots: float
+    busiest_scheduler_warps: int
+    global_load_cycles: float
     latency_cycles_per_program: float
     memory_ms: float
     unique_memory_ms: float
@@ -195,16 +201,26 @@ class KernelModel:
         return asdict(self)
 
 
+def _line_count(instr: Instr, lines: dict[str, float]) -> float | None:
+    """How many times the instruction's source line ran, by its chain of call sites; a helper the
+    interpreter does not trace (its chain is longer than the counted ones) counts as its caller."""
+    chain = instr.where.split("<")
+    for start in range(len(chain)):
+        count = lines.get("<".join(chain[start:]))
+        if count:
+            return count
+    return None
+
+
 def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list[str]]:
     """How many times the loop body ran over the whole grid: the median, over its instructions,
     of how many times each one's source line ran (lines outside the loop that the compiler
     placed in it, and prologue copies, do not move a median)."""
-    counted = sorted(lines.get(f"{i.source[0]}:{i.source[1]}", 0.0) for i in loop.instrs if i.source)
-    counted = [c for c in counted if c > 0]
+    counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
     keys = {}
     for i in loop.instrs:
         if i.source:
-            key = f"{i.source[0].rsplit('/', 1)[-1]}:{i.source[1]}"
+            key = i.where.split("<")[0]
             keys[key] = keys.get(key, 0) + 1
     top = [k for k, _ in sorted(keys.items(), key=lambda kv: -kv[1])[:4]]
     if not counted:
@@ -219,15 +235,20 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     per_wave = max(occupancy["programs"], 1) * SMS
     waves = math.ceil(programs / per_wave) if programs else 0
 
+    moved = counts.get("bytes_loaded", 0.0) + counts.get("bytes_stored", 0.0) + counts.get("bytes_atomic", 0.0)
+    unique = min(counts.get("bytes_unique", moved), moved)
+    miss = unique / moved if moved else 1.0
+    global_load = LATENCY["L2"] + miss * (LATENCY["HBM"] - LATENCY["L2"])
+
     lines = counts.get("lines", {})
     straight = code.straight
     slots = issue_slots(straight) * programs
     instructions = len(straight) * programs
-    latency = replay_cycles(straight)
+    latency = replay_cycles(straight, global_load=global_load)
     loops = []
     for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
         executions, top = _executions(loop, lines)
-        per_iteration = replay_cycles(loop.instrs, iterations=3)
+        per_iteration = replay_cycles(loop.instrs, iterations=3, global_load=global_load)
         slots_it = issue_slots(loop.instrs)
         runs = executions if executions is not None else programs  # uncounted: once per program
         slots += slots_it * runs
@@ -238,21 +259,20 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     slots *= num_warps
     instructions *= num_warps
 
-    moved = counts.get("bytes_loaded", 0.0) + counts.get("bytes_stored", 0.0) + counts.get("bytes_atomic", 0.0)
-    unique = min(counts.get("bytes_unique", moved), moved)
     flops = counts.get("dot_flops", 0.0)
-    resident_warps = min(programs, per_wave) * num_warps
-    schedulers = max(1, min(SMS * SCHEDULERS_PER_SM, resident_warps))
+    busiest = math.ceil(math.ceil(programs / SMS) * num_warps / SCHEDULERS_PER_SM)
+    per_warp = slots / (programs * num_warps) if programs else 0.0
     terms = {
         "memory": moved / HBM_BYTES_PER_S * 1e3,
         "tensor": flops / TENSOR_FLOPS[mma_form] * 1e3,
-        "issue": slots / schedulers / CLOCK_HZ * 1e3,
+        "issue": busiest * per_warp / CLOCK_HZ * 1e3,
         "latency": waves * latency / CLOCK_HZ * 1e3,
     }
     bound = max(terms, key=terms.get)
     return KernelModel(
         programs=programs, num_warps=num_warps, occupancy=occupancy, waves=waves, bytes=moved, unique_bytes=unique,
-        dot_flops=flops, warp_instructions=instructions, issue_slots=slots, latency_cycles_per_program=latency,
+        dot_flops=flops, warp_instructions=instructions, issue_slots=slots, busiest_scheduler_warps=busiest,
+        global_load_cycles=global_load, latency_cycles_per_program=latency,
         memory_ms=terms["memory"], unique_memory_ms=unique / HBM_BYTES_PER_S * 1e3, tensor_ms=terms["tensor"],
         issue_ms=terms["issue"], latency_ms=terms["latency"], time_ms=terms[bound], bound=bound, loops=loops)
 

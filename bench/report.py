@@ -237,9 +237,15 @@ def scan_short_table(results: dict) -> str:
         if table:
             lines += [title + ":", table]
     cross = crossover_tokens(results.get("crossover", []))
+    modelled = results.get("config", {}).get("auto_chunked_min_tokens_modelled")
     if {_alg(r) for r in _ok(results.get("crossover", []))} >= {"rec", "chunk"}:
-        lines.append(f"chunked faster than recurrent from {cross} tokens" if cross
-                     else "chunked not faster than recurrent at the lengths measured")
+        lines.append((f"chunked faster than recurrent from {cross} tokens" if cross
+                      else "chunked not faster than recurrent at the lengths measured")
+                     + (f" (algorithm='auto' switches at {modelled}, modelled)" if modelled else ""))
+    grid = _ok(results.get("grid_split", []))
+    if grid:
+        lines.append("chunked split at a grid point, bit-identical to one pass: "
+                     + ", ".join(f"{r['model']} {r['seqlen']}: {'yes' if r['bitwise'] else 'NO'}" for r in grid))
     if results.get("incomplete"):
         lines.append(f"INCOMPLETE: {results['incomplete']}")
     return "\n".join(lines)

@@ -3,8 +3,8 @@ MMA form, the instruction mix, and its loops.
 
 Tools are the ones Triton's wheel ships (triton/backends/nvidia/bin): `ptxas -v` on the PTX for
 registers and spills (the ptxas and flags Triton uses for the target), `cuobjdump -res-usage` on
-the cubin for the registers of the binary itself, and `nvdisasm -c -g` on the cubin for the SASS
-with source lines (Triton assembles with -lineinfo).
+the cubin for the registers of the binary itself, and `nvdisasm -c -gi` on the cubin for the SASS
+with source lines and inlining call sites (Triton assembles with -lineinfo).
 
 Loops are found by backward branches: a `BRA` whose target label sits at or before it closes a
 loop spanning [target, branch]. Each instruction belongs to the innermost loop that spans it;
@@ -33,11 +33,58 @@ class Instr:
     predicate: str
     opcode: str  # with modifiers, e.g. LDG.E.128
     operands: list[str]
-    source: tuple[str, int] | None  # (file, line)
+    chain: tuple[tuple[str, int], ...]  # source (file, line), then each inlined call's call site
 
     @property
     def base(self) -> str:
         return self.opcode.split(".")[0]
+
+    @property
+    def source(self) -> tuple[str, int] | None:
+        return self.chain[0] if self.chain else None
+
+    @property
+    def where(self) -> str:
+        """'file:line<caller file:line<...', the key bench.counts counts lines by (source_key)."""
+        return "<".join(source_key(file, line) for file, line in self.chain)
+
+
+@lru_cache(maxsize=None)
+def _package_root(name: str) -> str | None:
+    """The folder holding importable top-level package `name`, or None."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return os.path.dirname(locations[0]) if locations else None
+
+
+@lru_cache(maxsize=None)
+def package_path(path: str) -> str:
+    """A source file's path from its top-level package down ('ssm_kernels/scan/triton_kernel.py'),
+    the same whichever checkout or install it came from: a cubin from Triton's cache keeps the
+    path of the checkout that first compiled it, which may be gone (the source, and so the lines,
+    are the same: the cache key holds both). The first folder of the path that names a package
+    importable here, with the rest of the path inside it, starts it; else the path itself."""
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        root = _package_root(part) if part.isidentifier() else None
+        if root and os.path.exists(os.path.join(root, *parts[i:])):
+            return os.path.join(*parts[i:])
+    return path
+
+
+def source_key(path: str, line: int) -> str:
+    return f"{package_path(path)}:{line}"
+
+
+def local_source(key: str) -> tuple[str, int]:
+    """(path in this interpreter's import of the package, line) of a 'package/file.py:line' key."""
+    path, _, line = key.rpartition(":")
+    root = _package_root(path.split(os.sep)[0])
+    return (os.path.join(root, path) if root else path), int(line)
 
 
 @dataclass
@@ -134,28 +181,37 @@ def cubin_registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", _run([_tool("cuobjdump"), "-res-usage"], cubin, ".cubin")).group(1))
 
 
-_LINE = re.compile(r'//## File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_LINE = re.compile(r'//## File "(?P<file>[^"]+)", line (?P<line>\d+)'
+                   r'(?: inlined at "(?P<at_file>[^"]+)", line (?P<at_line>\d+))?')
 _INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)\s*(?P<rest>[^;]*);")
 _LABEL = re.compile(r"^(?P<label>\.L_x_\d+):")
 _TARGET = re.compile(r"`\((?P<label>\.L_x_\d+)\)")
 
 
 def disassemble(cubin: bytes) -> tuple[list[Instr], dict[str, int]]:
-    """(instructions, {label: address}) of the cubin's one kernel, from `nvdisasm -c -g`."""
-    text = _run([_tool("nvdisasm"), "-c", "-g"], cubin, ".cubin")
-    instrs, labels, pending, source = [], [], [], None
+    """(instructions, {label: address}) of the cubin's one kernel, from `nvdisasm -c -gi`: each
+    instruction with its source line and the chain of call sites it was inlined at (nvdisasm
+    prints the chain innermost first, one `//##` line per level, before the instruction)."""
+    text = _run([_tool("nvdisasm"), "-c", "-gi"], cubin, ".cubin")
+    instrs, labels, pending, chain, in_chain = [], [], [], (), False
     for raw in text.splitlines():
         line = raw.strip()
         if m := _LINE.search(line):
-            source = (m["file"], int(m["line"]))
-        elif m := _LABEL.match(line):
+            if not in_chain:
+                chain = ((m["file"], int(m["line"])),)
+            if m["at_file"]:
+                chain += ((m["at_file"], int(m["at_line"])),)
+            in_chain = True
+            continue
+        in_chain = False
+        if m := _LABEL.match(line):
             pending.append(m["label"])
         elif m := _INSTR.search(line):
             address = int(m["addr"], 16)
             labels += [(label, address) for label in pending]
             pending = []
             operands = [op.strip() for op in m["rest"].split(",") if op.strip()]
-            instrs.append(Instr(address, (m["pred"] or "").strip(), m["op"], operands, source))
+            instrs.append(Instr(address, (m["pred"] or "").strip(), m["op"], operands, chain))
     end = instrs[-1].address + 16 if instrs else 0
     return instrs, {**{label: end for label in pending}, **dict(labels)}
 

@@ -11,7 +11,10 @@ cuts the run short; the largest sequence length runs last):
    `algorithm` keyword);
 4. capture overhead: one pass with 0, 1, 8 and 64 in-pass captures;
 5. in-pass capture against two passes split at the tail split point (planner.tail_split_point);
-6. decode: selective_state_update at batch 1 .. 256, and the peers' decode steps.
+6. grid split (chunked): one pass against two passes split at a multiple of the chunk size, timed,
+   and whether y and the final state are bit-identical (the chunked scan's grid guarantee, checked
+   on the compiled kernels when run on a GPU);
+7. decode: selective_state_update at batch 1 .. 256, and the peers' decode steps.
 
 Outputs under --out: scan.json (every figure, the environment, the peers' status), scan.md,
 scan_throughput.png (tokens/s against sequence length per kernel, with the roofline) and
@@ -24,15 +27,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from torch import equal as torch_equal
+
 from . import common, peers as peers_mod, report, workloads as wl
 from .common import Budget, Terminated, TimingOptions, rel_error, time_fn
 
 import ssm_kernels  # noqa: E402  (after bench sets TRITON_INTERPRET on CPU)
 from planner import tail_split_point  # noqa: E402
-from ssm_kernels.scan.chunked import ALGORITHMS  # noqa: E402
+from ssm_kernels.scan.chunked import ALGORITHMS, AUTO_CHUNKED_MIN_TOKENS, DEFAULT_CHUNK_SIZE  # noqa: E402
 
 ELT = 2  # bfloat16 inputs
 CHECK_TOLERANCE = 5e-2  # a peer whose y differs from ours by more (RMS-relative) is flagged
+
+
+def failed(*errors) -> dict:
+    """The status and note of a row whose measurements failed or were skipped."""
+    errors = [e for e in errors if e]
+    return dict(status=errors[0].split(":")[0], note="; ".join(errors))
 
 
 def algorithms(fn) -> list[str]:
@@ -70,7 +81,7 @@ class Config:
             return cls(reduced, quick, cuda, wl.STANDARD_SHAPES,
                        wl.STANDARD_SEQLENS[:2] if quick else wl.STANDARD_SEQLENS,
                        wl.DECODE_BATCHES[::2] if quick else wl.DECODE_BATCHES,
-                       capture_seqlen=8192, crossover_lengths=(64, 128, 256, 512, 1024, 2048, 4096),
+                       capture_seqlen=8192, crossover_lengths=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
                        timing=TimingOptions(warmup_ms=10, rep_ms=25 if quick else 50, max_rep_ms=1000))
         # Reduced: block 8 so that the interpreter's 32-token passes have a tail split point.
         return cls(reduced, quick, cuda, wl.REDUCED_SHAPES,
@@ -93,6 +104,7 @@ class Config:
                 "varlen_sequences": wl.VARLEN_SEQUENCES, "decode_batches": list(self.decode_batches),
                 "capture_counts": list(self.capture_counts), "capture_seqlen": self.capture_seqlen,
                 "crossover_lengths": list(self.crossover_lengths), "block_size": self.block_size,
+                "auto_chunked_min_tokens_modelled": AUTO_CHUNKED_MIN_TOKENS,
                 "chunk_size": self.chunk_size, "dtype": "bfloat16", "interpreter_seqlen": self.interp_seqlen,
                 "interpreter_shapes": list(self.interp_shapes),
                 "timing": vars(self.timing), "peer_max_seqlen": {f"{p}/{k}": v for (p, k), v in
@@ -114,7 +126,7 @@ class ScanBench:
                         "config": self.cfg.record(), "algorithms": self.algs,
                         "peers": {name: p.record() for name, p in self.peers.items()},
                         "copy_bandwidth": None, "scan": [], "crossover": [], "captures": [],
-                        "inpass_vs_split": [], "decode": [], "notes": [],
+                        "inpass_vs_split": [], "grid_split": [], "decode": [], "notes": [],
                         "incomplete": "did not finish (killed?)"}
         notes = self.results["notes"]
         notes.append("decode covers the Mamba-2 layers only: selective_state_update takes the Mamba-2 layout")
@@ -153,9 +165,12 @@ class ScanBench:
         common.write_json(self.out / "scan.json", self.results)
 
     # -- our kernels -----------------------------------------------------------------------------
-    def our_scan(self, shape, inp, backend, algorithm, cu=None, capture=None, initial_states=None):
+    def our_scan(self, shape, inp, backend, algorithm, cu=None, capture=None, initial_states=None,
+                 start_positions=None):
         kw = dict(cu_seqlens=cu, capture=capture, initial_states=initial_states, backend=backend)
         if shape.kind == "mamba2":
+            if start_positions is not None:
+                kw["start_positions"] = start_positions
             if "algorithm" in inspect.signature(ssm_kernels.mamba2_scan).parameters:
                 kw["algorithm"] = algorithm
                 if algorithm == "chunked" and self.cfg.chunk_size:
@@ -307,15 +322,8 @@ class ScanBench:
                         row = dict(section="inpass_vs_split", model=shape.name, kind=shape.kind, backend=label,
                                    algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", split=split,
                                    block_size=self.cfg.block_size)
-                        one = self.our_scan(shape, inp, backend, alg, capture=[(0, split)])
-                        head = self.our_scan(shape, first, backend, alg)
-
-                        def two(head=head, shape=shape, second=second, backend=backend, alg=alg):
-                            state = head().final_states
-                            return self.our_scan(shape, second, backend, alg, initial_states=state)()
-
-                        t1, _, e1 = self.timed(one, interp)
-                        t2, _, e2 = self.timed(two, interp)
+                        (t1, _, e1), (t2, _, e2) = self.one_and_two_passes(
+                            shape, inp, (first, second), split, backend, alg, interp, capture=[(0, split)])
                         row.update(one_pass_ms=t1.ms if t1 else None, two_passes_ms=t2.ms if t2 else None,
                                    one_pass_bytes=wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=1),
                                    two_passes_bytes=wl.pass_bytes(shape, split, 1, ELT)
@@ -324,11 +332,52 @@ class ScanBench:
                         if t1 and t2:
                             row.update(status="ok", ratio=t2.ms / t1.ms, extra_ms=t2.ms - t1.ms)
                         else:
-                            row.update(status=(e1 or e2).split(":")[0], note="; ".join(e for e in (e1, e2) if e))
+                            row.update(failed(e1, e2))
                         self.results["inpass_vs_split"].append(row)
                 del inp, first, second
                 common.release_memory(self.device)
         self.save()
+
+    def grid_split(self):
+        """One chunked pass against two split at a grid point (the last multiple of the chunk
+        size at or below the middle), the second given its absolute start: time and bitwise."""
+        if "chunked" not in self.algs["mamba2"]:
+            return
+        chunk = self.cfg.chunk_size or DEFAULT_CHUNK_SIZE
+        for seqlen in self.cfg.seqlens:
+            split = seqlen // 2 // chunk * chunk
+            for shape in (s for s in self.cfg.shapes if s.kind == "mamba2"):
+                inp = self.inputs(shape, seqlen)
+                first, second = self.halves(shape, inp, split)
+                for backend, label, interp in self.cfg.backends(shape):
+                    if (interp and seqlen > self.cfg.interp_seqlen) or split == 0:
+                        continue
+                    row = dict(section="grid_split", model=shape.name, backend=label, algorithm=self.alg_label("chunked"),
+                               seqlen=seqlen, batch="1", split=split)
+                    (t1, r1, e1), (t2, r2, e2) = self.one_and_two_passes(
+                        shape, inp, (first, second), split, backend, "chunked", interp)
+                    if t1 and t2:
+                        bitwise = (torch_equal(r2.y, r1.y[:, split:]) and torch_equal(r2.final_states, r1.final_states))
+                        row.update(status="ok", one_pass_ms=t1.ms, two_passes_ms=t2.ms, ratio=t2.ms / t1.ms,
+                                   bitwise=bitwise, timing=t1.method)
+                    else:
+                        row.update(failed(e1, e2))
+                    self.results["grid_split"].append(row)
+                del inp, first, second
+                common.release_memory(self.device)
+        self.save()
+
+    def one_and_two_passes(self, shape, inp, halves, split, backend, alg, interp, capture=None):
+        """(timing, result, error) of one pass over `inp`, and of two over its halves: the second
+        resumed from the first's final state, at its absolute start `split`."""
+        first, second = halves
+        head = self.our_scan(shape, first, backend, alg)
+
+        def two():
+            return self.our_scan(shape, second, backend, alg, initial_states=head().final_states,
+                                 start_positions=[split])()
+
+        return self.timed(self.our_scan(shape, inp, backend, alg, capture=capture), interp), self.timed(two, interp)
 
     @staticmethod
     def halves(shape, inp, split):
@@ -379,7 +428,8 @@ class ScanBench:
         *early, last = self.cfg.seqlens
         sections = [("copy_bandwidth", self.copy_bandwidth), ("scan", lambda: self.scan_lengths(early)),
                     ("crossover", self.crossover), ("captures", self.captures),
-                    ("inpass_vs_split", self.inpass_vs_split), ("decode", self.decode),
+                    ("inpass_vs_split", self.inpass_vs_split), ("grid_split", self.grid_split),
+                    ("decode", self.decode),
                     (f"scan {last}", lambda: self.scan_lengths([last]))]
         seconds = self.results["section_seconds"] = {}
         for name, section in sections:

@@ -23,7 +23,9 @@ os.environ["TRITON_INTERPRET"] = "0"  # compile the kernels (bench/__init__ choo
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
+import linecache  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -36,28 +38,53 @@ from .common import git_commit  # noqa: E402
 from .launches import TARGET, compile_launch, recording  # noqa: E402
 from .static_report import LABEL, markdown, summary_lines  # noqa: E402
 from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, WORKLOADS, count_sizes,  # noqa: E402
-                               mamba_ssm_ops, run_call, shapes_for)
+                               mamba_ssm_ops, parse_layer, run_call, shape_record, shapes_for)
 from .workloads import decode_bytes, pass_bytes  # noqa: E402
 
 MAX_SHARED_PER_BLOCK = 227 * 1024  # larger configs fail to launch (an autotuner skips them)
 
 
 def hot_loop(entry_loops: list[model.LoopReport]) -> model.LoopReport | None:
-    """The loop with the most issue slots over the call (iterations x slots per iteration)."""
-    counted = [lp for lp in entry_loops if lp.iterations_per_program is not None]
-    if not counted:
+    """The loop with the most issue slots over the call (iterations x slots per iteration); a loop
+    that was not counted comes first, so that the report shows it."""
+    if not entry_loops:
         return None
-    return max(counted, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
+    uncounted = [lp for lp in entry_loops if lp.iterations_per_program is None]
+    if uncounted:
+        return max(uncounted, key=lambda lp: lp.instructions)
+    return max(entry_loops, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
+
+
+def enclosing_for(where: str) -> str | None:
+    """The nearest `for` statement above a source line ('package/file.py:line') and less
+    indented than it, as '`for ...` (file:line)', or None."""
+    path, line = sass.local_source(where)
+    text = linecache.getline(path, line)
+    indent = len(text) - len(text.lstrip())
+    for n in range(line, max(line - 200, 0), -1):
+        above = linecache.getline(path, n)
+        stripped = above.strip()
+        if stripped.startswith("for ") and (n == line or len(above) - len(above.lstrip()) < indent):
+            return f"`{stripped}` ({os.path.basename(path)}:{n})"
+        if stripped.startswith(("def ", "@triton.jit")):
+            return None
+    return None
 
 
 def describe_loop(loop: model.LoopReport | None, size: int, kind: str) -> str:
+    """What the hot loop iterates over: iterations per program (per token when that is the pass
+    length) and the `for` statement its most frequent source line sits in."""
     if loop is None:
         return "no loop"
     n = loop.iterations_per_program
+    if n is None:
+        return f"NOT COUNTED (no source line of its SASS was counted): {', '.join(loop.lines[:2])}"
     what = f"{n:.4g} iterations/program"
     if kind == "prefill" and abs(n - size) <= 0.02 * size:
         what += " (one per token)"
-    return f"{what}; lines {', '.join(loop.lines[:2])}"
+    statement = next((s for s in map(enclosing_for, loop.lines) if s), None)
+    where = statement or ", ".join(os.path.basename(w) for w in loop.lines[:2])
+    return f"{what}: {where}"
 
 
 def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
@@ -92,14 +119,30 @@ def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
 
 
 def must_move_bytes(workload, shape, size: int) -> int:
-    """The bytes the call must move at least (bench.workloads' roofline formula); the conv calls
-    read x and write y once (plus states)."""
+    """The bytes the call must move at least: bench.workloads' roofline formula for the scans;
+    for the conv, x read and the output written once, the weights and bias read, and the conv
+    states written (prefill) or read and written (decode, one state per row), all bf16 but the
+    fp32 weights."""
     from .static_workloads import CONV_WIDTH, conv_dim
     if workload.name.startswith("causal_conv1d"):
-        return conv_dim(shape) * (size * 2 * 2 + 2 * (CONV_WIDTH - 1) * 2 + CONV_WIDTH * 4 + 4)
+        states = (1 if workload.kind == "prefill" else 2 * size) * (CONV_WIDTH - 1) * 2
+        return conv_dim(shape) * (size * 2 * 2 + states + CONV_WIDTH * 4 + 4)
     if workload.kind == "decode":
         return decode_bytes(shape, size, 2)
     return pass_bytes(shape, size, 1, 2, ncapture=workload.captures)
+
+
+PEER_COUNTS_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ssm-prefill-bench" / "static-counts"
+
+
+def peer_counts_file(request: dict) -> Path:
+    from importlib.metadata import version
+    try:
+        peer_version = version("mamba-ssm")
+    except Exception:  # noqa: BLE001 - not installed: nothing is cached under it anyway
+        peer_version = None
+    key = json.dumps([request, peer_version, triton.__version__, Path(counting.__file__).read_text()], sort_keys=True)
+    return PEER_COUNTS_DIR / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 class Report:
@@ -108,27 +151,39 @@ class Report:
         self.peer_ops, self.peer_how = (None, "not asked (--no-peers)") if args.no_peers else mamba_ssm_ops()
         self.count_cache: dict = {}
 
-    def record(self, workload: str, shape: str, size: int, peer: bool):
+    def record(self, workload: str, shape, size: int, peer: bool):
         launches = []
         with recording(launches):
             run_call(workload, shape, size, peer=peer)
         return launches
 
     def counts_for(self, jobs):
-        """Count every (workload, shape, peer) needed, in one interpreter subprocess."""
+        """Count every (workload, shape, peer) needed, in one interpreter subprocess; a peer's
+        counts are kept on disk (PEER_COUNTS_DIR) for the next run, keyed by the request, the
+        peer's and triton's versions and this counting code."""
         todo = []
         for w, shape, size, peer in jobs:
-            key = (w.name, shape.name, peer, tuple(count_sizes(w, size)))
-            if key not in self.count_cache and key not in [k for k, _ in todo]:
-                todo.append((key, {"workload": w.name, "shape": shape.name, "sizes": list(key[3]), "peer": peer}))
+            key = (w.name, shape.name, peer, tuple(count_sizes(w, peer)))
+            if key in self.count_cache or key in [k for k, _ in todo]:
+                continue
+            request = {"workload": w.name, "shape": shape_record(shape), "sizes": list(key[3]), "peer": peer}
+            stored = peer_counts_file(request)
+            if peer and stored.exists():
+                self.count_cache[key] = {int(k): v for k, v in json.loads(stored.read_text()).items()}
+            else:
+                todo.append((key, request))
         if todo:
-            for (key, _), result in zip(todo, counting.count([r for _, r in todo])):
+            for (key, request), result in zip(todo, counting.count([r for _, r in todo])):
                 self.count_cache[key] = result
+                if request["peer"]:
+                    stored = peer_counts_file(request)
+                    stored.parent.mkdir(parents=True, exist_ok=True)
+                    stored.write_text(json.dumps(result))
 
     def call(self, w, shape, size: int, peer: bool) -> dict:
-        key = (w.name, shape.name, peer, tuple(count_sizes(w, size)))
+        key = (w.name, shape.name, peer, tuple(count_sizes(w, peer)))
         launch_counts = counting.extrapolate(self.count_cache[key], size)
-        launches = self.record(w.name, shape.name, size, peer)
+        launches = self.record(w.name, shape, size, peer)
         seen = [(c["kernel"], c["config"]) for c in launch_counts]
         recorded = [(launch.kernel, launch.config) for launch in launches]
         if seen != recorded:
@@ -140,21 +195,36 @@ class Report:
                 "kernels_launched": len(chosen)}
 
 
+def matches(name: str, filters, names) -> bool:
+    """Whether `name` is selected by the filters: a filter equal to one of `names` selects that
+    one alone, any other selects the names that contain it (case-insensitive)."""
+    if not filters:
+        return True
+    for f in filters:
+        exact = [n for n in names if n.lower() == f.lower()]
+        if (name in exact) if exact else f.lower() in name.lower():
+            return True
+    return False
+
+
 def plan(args) -> list[tuple]:
     """(workload, shape, size) of every call the report models."""
     jobs = []
+    layers = [parse_layer(text) for text in args.layer] if args.layer else list(SHAPES.values())
     for w in WORKLOADS.values():
-        if args.workload and not any(f.lower() in w.name.lower() for f in args.workload):
+        if not matches(w.name, args.workload, WORKLOADS):
             continue
-        for shape in shapes_for(w):
-            if args.shape and not any(f.lower() in shape.name.lower() for f in args.shape):
+        for shape in shapes_for(w, layers):
+            if not matches(shape.name, args.shape, [s.name for s in layers]):
                 continue
             sizes = (args.tokens or PREFILL_TOKENS) if w.kind == "prefill" else (args.batch or DECODE_BATCHES)
             jobs += [(w, shape, size) for size in sizes]
     return jobs
 
 
-def peer_result(report: Report, w, shape, size: int) -> dict:
+def peer_result(report: Report, w, shape, size: int, peer_calls: dict) -> dict:
+    """The peer's figures for a call; a compiled peer's kernels go to peer_calls once per
+    (peer, shape, size), under the key the result names ("ref")."""
     if w.peer is None:
         return {"available": False, "reason": "no peer modelled for this call"}
     if w.peer == "selective_scan_fn":
@@ -162,8 +232,12 @@ def peer_result(report: Report, w, shape, size: int) -> dict:
         return {"available": True, "name": "mamba_ssm selective_scan_fn", **m}
     if report.peer_ops is None:
         return {"available": False, "reason": f"mamba_ssm: {report.peer_how}"}
-    result = report.call(w, shape, size, peer=True)
-    return {"available": True, "name": f"mamba_ssm {w.peer}", "how": report.peer_how, **result}
+    ref = f"{w.peer} | {shape.name} | {size}"
+    if ref not in peer_calls:
+        peer_calls[ref] = report.call(w, shape, size, peer=True)
+    result = peer_calls[ref]
+    return {"available": True, "name": f"mamba_ssm {w.peer}", "how": report.peer_how, "ref": ref,
+            "time_ms": result["time_ms"], "kernels_launched": result["kernels_launched"]}
 
 
 def run(args) -> dict:
@@ -175,10 +249,10 @@ def run(args) -> dict:
     needs_peer = [(w, s, n) for w, s, n in jobs if w.peer in ("mamba_chunk_scan_combined", "selective_state_update")
                   and report.peer_ops is not None]
     report.counts_for([(w, s, n, False) for w, s, n in jobs] + [(w, s, n, True) for w, s, n in needs_peer])
-    calls = []
+    calls, peer_calls = [], {}
     for w, shape, size in jobs:
         ours = report.call(w, shape, size, peer=False)
-        peer = peer_result(report, w, shape, size)
+        peer = peer_result(report, w, shape, size, peer_calls)
         must = must_move_bytes(w, shape, size)
         calls.append({
             "workload": w.name, "doc": w.doc, "kind": w.kind, "shape": shape.name, "shape_dims": shape.describe(),
@@ -194,7 +268,7 @@ def run(args) -> dict:
                       "hbm_bytes_per_s": model.HBM_BYTES_PER_S, "tensor_flops": model.TENSOR_FLOPS,
                       "latency_cycles": model.LATENCY, "pipe_slots": model.PIPE_SLOTS},
         "peers": {"mamba_ssm": report.peer_how}, "seconds": round(time.time() - started, 1),
-        "argv": sys.argv[1:], "calls": calls,
+        "argv": sys.argv[1:], "calls": calls, "peer_calls": peer_calls,
     }
 
 
@@ -202,11 +276,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="one shape (Mamba-2 2.7B, and Mamba-1 2.8B for Mamba-1 calls), 8192 tokens, batch 64")
-    parser.add_argument("--workload", action="append", help="only calls whose name contains this (repeatable): "
+    parser.add_argument("--workload", action="append", help="only this call, or the calls whose name contains "
+                        "this (repeatable): "
                         + "; ".join(WORKLOADS))
-    parser.add_argument("--shape", action="append", help="only shapes whose name contains this (repeatable): "
+    parser.add_argument("--shape", action="append", help="only this shape, or the shapes whose name contains this "
+                        "(repeatable): "
                         + "; ".join(SHAPES))
-    parser.add_argument("--tokens", type=int, action="append", help="prefill tokens (repeatable)")
+    parser.add_argument("--layer", action="append", help="a custom layer instead of the standard shapes "
+                        "(repeatable): mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N")
+    parser.add_argument("--tokens", type=int, action="append",
+                        help="prefill tokens (repeatable; multiples of 256 from 2048 on)")
     parser.add_argument("--batch", type=int, action="append", help="decode batch (repeatable)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-static)")
@@ -215,10 +294,16 @@ def main(argv=None) -> int:
         args.shape = args.shape or ["2.7B", "2.8B"]
         args.tokens = args.tokens or [8192]
         args.batch = args.batch or [64]
+    from .static_workloads import CHUNK, CHUNKED_COUNT_TOKENS
+    if any(n < CHUNKED_COUNT_TOKENS[0] or n % CHUNK for n in args.tokens or ()):
+        parser.error(f"--tokens must be multiples of {CHUNK} from {CHUNKED_COUNT_TOKENS[0]} on (chunked calls are "
+                     f"counted at {CHUNKED_COUNT_TOKENS} tokens and extrapolated)")
+    if any(n <= 0 for n in args.batch or ()):
+        parser.error("--batch must be positive")
     out = args.out or Path("bench/results") / f"{datetime.date.today().isoformat()}-static"
     data = run(args)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "static.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    (out / "static.json").write_text(json.dumps(data, separators=(",", ":"), default=str) + "\n")
     (out / "static.md").write_text(markdown(data))
     print("\n".join(summary_lines(data)))
     print(f"(written to {out}/static.json and static.md)")

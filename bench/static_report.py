@@ -55,7 +55,8 @@ def markdown(data: dict) -> str:
              "program, MMA form from the SASS; hot loop = the SASS loop with the most issue slots, its instructions "
              "per iteration and iterations per program (interpreter counts); memory = bytes requested (each read "
              "counted) / HBM bandwidth, (unique) = each storage moved once; tensor = dot FLOPs / the MMA form's "
-             "rate; issue = issue slots / active schedulers; latency = waves x one warp's in-order time. "
+             "rate; issue = the busiest scheduler's issue slots / clock; latency = waves x one warp's in-order "
+             "time (bench/README.md has the model and its assumed latencies). "
              "Modelled = the largest term; the call's time is the sum over its launches (an autotuned kernel "
              "counts its best modelled config).", ""]
     lines += ["## Summary", "", "```", *summary_lines(data), "```", ""]
@@ -65,9 +66,10 @@ def markdown(data: dict) -> str:
                   f"({fmt(c['must_move_bytes'] / 1e6)} MB). {peer_text(c)}.", "",
                   markdown_table(KERNEL_HEADERS, [kernel_row(e) for e in c["kernels"] if e["chosen"]]), ""]
         peer = c["peer"]
-        if peer.get("kernels"):
+        if peer.get("ref"):
+            kernels = data["peer_calls"][peer["ref"]]["kernels"]
             lines += [f"Peer ({peer['name']}), chosen configs:", "",
-                      markdown_table(KERNEL_HEADERS, [kernel_row(e) for e in peer["kernels"] if e["chosen"]]), ""]
+                      markdown_table(KERNEL_HEADERS, [kernel_row(e) for e in kernels if e["chosen"]]), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -78,6 +80,14 @@ def summary_lines(data: dict) -> list[str]:
         peer = c["peer"]
         rows.append([c["workload"], c["shape"], c["size"], c["time_ms"], f"{top['kernel']} ({top['model']['bound']})",
                      peer["time_ms"] if peer.get("available") else None, c["ratio_to_peer"]])
-    return [f"== bench.static: {LABEL} (triton {data['triton']}, {data['target']})",
-            text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "peer ms", "ours/peer"],
-                       rows)]
+    lines = [f"== bench.static: {LABEL} (triton {data['triton']}, {data['target']})",
+             text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "peer ms", "ours/peer"],
+                        rows)]
+    kernels = [e for c in data["calls"] for e in c["kernels"]]
+    kernels += [e for p in data.get("peer_calls", {}).values() for e in p["kernels"]]
+    uncounted = sorted({e["label"] for e in kernels
+                        if any(lp["iterations_per_program"] is None for lp in e["model"]["loops"])})
+    if uncounted:
+        lines.append(f"WARNING: loops whose iterations were not counted (modelled as run once per program): "
+                     f"{', '.join(uncounted)}")
+    return lines

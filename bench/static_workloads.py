@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .workloads import STANDARD_SHAPES
+from .workloads import STANDARD_SHAPES, Mamba1Shape, Mamba2Shape
 
 DTYPE = torch.bfloat16
 CHUNK = 256
@@ -38,6 +38,7 @@ class Workload:
     peer: str | None  # key into PEERS, or None
     doc: str
     captures: int = 0
+    chunked: bool = False  # its kernels work on 256-token chunks (as the prefill peer's always do)
 
 
 def capture_offsets(tokens: int, count: int = 8) -> list[tuple[int, int]]:
@@ -114,9 +115,10 @@ WORKLOADS = {w.name: w for w in (
     Workload("mamba2_scan recurrent + 8 captures", "prefill", "mamba2", _scan("recurrent", True),
              "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8),
     Workload("mamba2_scan chunked", "prefill", "mamba2", _scan("chunked", False), "mamba_chunk_scan_combined",
-             "mamba2_scan(algorithm='chunked', chunk_size=256)"),
+             "mamba2_scan(algorithm='chunked', chunk_size=256)", chunked=True),
     Workload("mamba2_scan chunked + 8 captures", "prefill", "mamba2", _scan("chunked", True),
-             "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8),
+             "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8,
+             chunked=True),
     Workload("selective_state_update", "decode", "mamba2", _state_update, "selective_state_update",
              "one decode token per row, state pool of batch slots"),
     Workload("mamba1_scan recurrent", "prefill", "mamba1", _mamba1("recurrent"), "selective_scan_fn",
@@ -161,8 +163,8 @@ def mamba_ssm_ops() -> tuple[dict | None, str]:
     return import_mamba_ssm_ops()
 
 
-def shapes_for(workload: Workload) -> list:
-    return [s for s in STANDARD_SHAPES if workload.layer in ("any", s.kind)]
+def shapes_for(workload: Workload, shapes=STANDARD_SHAPES) -> list:
+    return [s for s in shapes if workload.layer in ("any", s.kind)]
 
 
 def new_tensor_factory(fill: str):
@@ -172,7 +174,25 @@ def new_tensor_factory(fill: str):
     return new
 
 
-def run_call(workload: str, shape: str, size: int, *, peer: bool = False, fill: str = "empty") -> None:
+def shape_record(shape) -> dict:
+    return dict(vars(shape))
+
+
+def shape_from_record(record: dict):
+    return (Mamba2Shape if record["kind"] == "mamba2" else Mamba1Shape)(**record)
+
+
+def parse_layer(text: str):
+    """A custom layer from 'mamba2:nheads=4,headdim=16,dstate=32,ngroups=1' or
+    'mamba1:dim=64,dstate=16'."""
+    kind, _, dims = text.partition(":")
+    if kind not in ("mamba2", "mamba1"):
+        raise ValueError(f"a layer is mamba2:... or mamba1:..., got {text!r}")
+    values = {k: int(v) for k, v in (item.split("=") for item in dims.split(",") if item)}
+    return shape_from_record({"name": f"custom {text}", "kind": kind, **values})
+
+
+def run_call(workload: str, shape, size: int, *, peer: bool = False, fill: str = "empty") -> None:
     """Call a workload (ours, or its peer) once at a shape and size."""
     w = WORKLOADS[workload]
     new = new_tensor_factory(fill)
@@ -180,17 +200,24 @@ def run_call(workload: str, shape: str, size: int, *, peer: bool = False, fill: 
         ops, why = mamba_ssm_ops()
         if ops is None:
             raise RuntimeError(why)
-        PEER_RUNNERS[w.peer](ops)(SHAPES[shape], size, new)
+        PEER_RUNNERS[w.peer](ops)(shape, size, new)
     else:
-        w.ours(SHAPES[shape], size, new)
+        w.ours(shape, size, new)
 
 
-def count_sizes(workload: Workload, size: int) -> list[int]:
-    """Sizes the interpreter counts this call at (bench.counts): one and two chunks of tokens
-    for a prefill, batch 2 and 4 for a decode step (its grid grows with the batch, its programs
-    do not)."""
-    return [2, 4] if workload.kind == "decode" else [CHUNK, 2 * CHUNK]
+# A chunked prefill is counted at 8 and 16 chunks: from 8 chunks on, the 8 captures fall in 8
+# different chunks, as at the real sizes, so everything a capture costs is constant from there on.
+CHUNKED_COUNT_TOKENS = (8 * CHUNK, 16 * CHUNK)
 
 
-__all__ = ["WORKLOADS", "SHAPES", "PREFILL_TOKENS", "DECODE_BATCHES", "run_call", "count_sizes", "shapes_for",
-           "capture_offsets", "conv_dim", "mamba_ssm_ops"]
+def count_sizes(workload: Workload, peer: bool = False) -> list[int]:
+    """Sizes the interpreter counts this call at (bench.counts): batch 2 and 4 for a decode step
+    (its grid grows with the batch, its programs do not); CHUNKED_COUNT_TOKENS for a chunked
+    prefill (its grid is sampled, so the larger sizes cost little); 64 and 128 tokens for the
+    others (their per-token work does not depend on where a token is: the recurrent scan, whose
+    captures only split its token loop, and the conv, whose 32-token tiles stay full)."""
+    if workload.kind == "decode":
+        return [2, 4]
+    return list(CHUNKED_COUNT_TOKENS) if workload.chunked or peer else [64, 128]
+
+

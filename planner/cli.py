@@ -101,6 +101,9 @@ def _add_rule_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--interval", type=_int_at_least(0), default=DEFAULTS["interval"],
                         help="snapshot every this many blocks, 0 for none (default %(default)s)")
+    parser.add_argument("--grid", type=_int_at_least(1), default=1,
+                        help="put passes and snapshots on multiples of this (the chunked scan's "
+                        "chunk size, whose restores are exact only there; default 1: anywhere)")
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.branch_point and "free" not in policies:
         parser.error(f"--branch-point applies to policy 'free' only, got --policy {args.policy}")
     rules = dict(block_size=args.block_size, budget=args.budget,
-                 first_budget=args.first_budget, start=args.start)
+                 first_budget=args.first_budget, start=args.start, grid=args.grid)
     try:
         plans = {
             policy: plan_prefill(
@@ -130,7 +133,7 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.json:
         print(json.dumps({
-            "total": args.total, "start": args.start, "interval": args.interval,
+            "total": args.total, "start": args.start, "interval": args.interval, "grid": args.grid,
             "block_size": args.block_size, "budget": args.budget,
             "first_budget": args.first_budget,
             "tail_boundary": tail_boundary(args.total, args.block_size),
@@ -149,7 +152,7 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     print(f"prompt {args.total} tokens from {args.start}: block {args.block_size}, "
           f"budget {args.budget}, first budget {args.first_budget or args.budget}, "
-          f"interval {args.interval}")
+          f"interval {args.interval}" + (f", grid {args.grid}" if args.grid > 1 else ""))
     print(f"tail boundary {tail_boundary(args.total, args.block_size)}, "
           f"tail split point {tail_split_point(args.total, args.block_size)}")
     first_warm = next(iter(warm.values()))  # the match is the same under every policy
@@ -192,7 +195,8 @@ def _print_plan(policy: str, plan: PrefillPlan, warm) -> None:
     print(f"  snapshots: {_positions(plan.snapshot_positions)}")
     if warm is not None:
         print(f"  warm: restore at {warm.restore_point}, replay {warm.replay_tokens} "
-              f"({warm.ssm_replay_tokens} cached tokens recomputed)")
+              f"({warm.ssm_replay_tokens} cached tokens recomputed"
+              + (f", {warm.grid_replay_tokens} of them for the grid)" if plan.grid > 1 else ")"))
 
 
 # -- simulate --------------------------------------------------------------------------------
@@ -204,7 +208,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     cost_model = CostModel(per_token_ms=args.per_token_ms, per_pass_ms=args.per_pass_ms)
     config = dict(block_size=args.block_size, budget=args.budget,
                   first_budget=args.first_budget, interval=args.interval,
-                  max_snapshots=args.max_snapshots, eviction=args.eviction)
+                  max_snapshots=args.max_snapshots, eviction=args.eviction, grid=args.grid)
     results = []
     with tqdm(total=sum(len(t) for t in traces) * len(policies), unit="request",
               file=sys.stderr, delay=1.0, disable=True if args.no_progress else None) as bar:
@@ -232,7 +236,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     first = args.first_budget or args.budget
     cap = "unbounded" if args.max_snapshots is None else f"at most {args.max_snapshots}"
     print(f"block {args.block_size}, budget {args.budget}, first budget {first}, interval "
-          f"{args.interval}; snapshots {cap} ({args.eviction}); cost model "
+          f"{args.interval}" + (f", grid {args.grid}" if args.grid > 1 else "") + "; snapshots {cap} ({args.eviction}); cost model "
           f"{cost_model.per_token_ms:.4f} ms/token + {cost_model.per_pass_ms:g} ms/pass")
     print("computed: tokens prefilled; ssm replay: of those, tokens the KV cache held but the "
           "SSM state lacked;\nextra: passes beyond the cache-off plan; stored/evicted: "

@@ -17,11 +17,21 @@ Policies (names shared with the kernels, the CLI and the benchmarks):
 - ``free``: passes as the budget proposes them (the cache-off plan). Every snapshot is an
   in-pass capture: the tail boundary, the tail split point, every multiple of
   ``interval * block_size`` and every branch point given. No pass-end snapshots.
+
+The ``grid`` option serves an SSM scan that continues bit for bit only from states at multiples
+of ``grid`` (the chunked scan: its chunk size; the recurrent scan is exact anywhere, grid 1).
+With ``grid > 1`` every position the plan works with is put on the grid: non-last passes end at
+multiples of ``grid`` (floored, when that stays above the pass start), the tail points are those
+of ``lcm(block_size, grid)``-token steps, and interval and branch points are floored to the grid.
+So every snapshot, hence every restore point, and every pass start is a grid point, and a warm
+request is bit-identical to the cold one. The cost is replay: a match between grid points
+restores at the grid point below it (:attr:`WarmRestore.grid_replay_tokens`).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -29,6 +39,7 @@ from ._checks import check_choice, check_int, check_optional_int
 from .rules import (
     inpass_capture_spans,
     is_checkpoint_chunk_end,
+    is_prompt_tail_end,
     plan_chunk_len,
     tail_boundary,
     tail_split_point,
@@ -73,13 +84,16 @@ class WarmRestore:
     ``replay_tokens`` counts every token computed from the restore point to the end of the
     follow-up (``request_total - restore_point``), as the seed counts "replayed" tokens;
     ``ssm_replay_tokens`` is the part of it whose KV the prefix cache already held
-    (``match - restore_point``), computed only because no snapshot sat at the match.
+    (``match - restore_point``), computed only because no snapshot sat at the match;
+    ``grid_replay_tokens`` is the part of that the plan's grid forces (the match less the grid
+    point at or below it, at most ``ssm_replay_tokens``; 0 with grid 1).
     """
 
     match: int
     restore_point: int
     replay_tokens: int
     ssm_replay_tokens: int
+    grid_replay_tokens: int = 0
 
 
 @dataclass
@@ -95,6 +109,7 @@ class PrefillPlan:
     block_size: int
     policy: str
     passes: list[Pass]
+    grid: int = 1
     snapshot_positions: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +157,7 @@ class PrefillPlan:
             restore_point=restore,
             replay_tokens=request_total - restore,
             ssm_replay_tokens=match - restore,
+            grid_replay_tokens=min(match - restore, match % self.grid),
         )
 
 
@@ -166,6 +182,7 @@ def plan_prefill(
     policy: str = "split",
     branch_points: Iterable[int] = (),
     start: int = 0,
+    grid: int = 1,
 ) -> PrefillPlan:
     """Plan the prefill of tokens [start, total) of a ``total``-token prompt.
 
@@ -177,7 +194,8 @@ def plan_prefill(
     ``branch_points`` (positions in [0, total]) are captured under ``free`` only; other policies
     reject them. Captures at or below ``start`` or at or above ``total`` are not taken: the
     state at ``start`` is the one restored and the state at ``total`` is the last pass's end.
-    ``total == 0`` (or ``start == total``) gives a plan with no passes.
+    ``total == 0`` (or ``start == total``) gives a plan with no passes. ``grid`` puts passes,
+    captures and snapshots on multiples of ``grid`` (module docstring).
     """
     check_int("total", total)
     check_int("block_size", block_size, minimum=1)
@@ -186,6 +204,7 @@ def plan_prefill(
     check_int("interval", interval)
     check_choice("policy", policy, POLICIES)
     check_int("start", start)
+    check_int("grid", grid, minimum=1)
     if start > total:
         raise ValueError(f"start must be <= total ({total}), got {start}")
     branch_points = _check_branch_points(branch_points, total)
@@ -195,12 +214,15 @@ def plan_prefill(
             f"with branch_points {list(branch_points)}"
         )
 
-    _check_plan_size(total, start, block_size, budget, interval, policy)
-    split = tail_split_point(total, block_size)
-    spans = _pass_spans(total, start, block_size, budget, first_budget, policy, split)
+    # Tail points and block alignment in steps that are both KV blocks and grid points.
+    step = math.lcm(block_size, grid)
+    aligned = grid > 1 or policy in ("split", "inpass")
+    _check_plan_size(total, start, block_size, budget, interval, policy, step if aligned else None)
+    split = tail_split_point(total, step)
+    spans = _pass_spans(total, start, step, budget, first_budget, policy, split, grid)
 
     if policy == "free":
-        wanted = _free_capture_positions(total, start, block_size, interval, branch_points)
+        wanted = _free_capture_positions(total, start, block_size, step, interval, branch_points, grid)
     elif policy == "inpass" and any(inpass_capture_spans(split, s, n) for s, n in spans):
         wanted = [split]
     else:
@@ -213,29 +235,33 @@ def plan_prefill(
         saves_end = (
             policy != "free"
             and end < total
-            and is_checkpoint_chunk_end(end, total, block_size, interval)
+            and end % grid == 0
+            and (is_prompt_tail_end(end, total, step)
+                 or is_checkpoint_chunk_end(end, total, block_size, interval))
         )
         passes.append(Pass(pass_start, length, captures, saves_end))
     return PrefillPlan(
-        total=total, start=start, block_size=block_size, policy=policy, passes=passes
+        total=total, start=start, block_size=block_size, policy=policy, passes=passes, grid=grid
     )
 
 
-def _check_plan_size(total: int, start: int, block_size: int, budget: int, interval: int, policy: str) -> None:
+def _check_plan_size(total: int, start: int, block_size: int, budget: int, interval: int, policy: str,
+                     align: int | None) -> None:
     """Refuse a plan that would list more than MAX_PASSES passes or MAX_CAPTURES interval captures,
     from bounds computed without listing them.
 
-    Under legacy and free every pass but the first and the last is ``budget`` long. Under split
-    and inpass a pass is either ``budget`` long or ends on a block boundary, and a pass that
-    starts on a boundary is at least ``budget`` floored to whole blocks long (``budget`` when
-    that is below one block), so any two passes cover at least that; the first pass, the pass cut
-    at the split point and the last add at most three.
+    Passes as the budget proposes them (``align`` None: legacy and free without a grid): every
+    pass but the first and the last is ``budget`` long. Aligned passes (split and inpass, and
+    every policy on a grid; ``align`` the alignment step): a pass is either ``budget`` long or
+    ends on a multiple of ``align``, and a pass that starts on one is at least ``budget`` floored
+    to whole steps long (``budget`` when that is below one step), so any two passes cover at
+    least that; the first pass, the pass cut at the split point and the last add at most three.
     """
     tokens = total - start
-    if policy in ("legacy", "free"):
+    if align is None:
         most_passes = -(-tokens // budget) + 2
     else:
-        covered = budget if budget < block_size else budget // block_size * block_size
+        covered = budget if budget < align else budget // align * align
         most_passes = 2 * -(-tokens // covered) + 3
     if most_passes > MAX_PASSES:
         raise ValueError(f"prefilling {tokens} tokens at a budget of {budget} could take up to {most_passes} passes, "
@@ -272,8 +298,10 @@ def _pass_spans(
     first_budget: int | None,
     policy: str,
     split: int | None,
+    grid: int,
 ) -> list[tuple[int, int]]:
-    """(start, length) of every pass under ``policy``."""
+    """(start, length) of every pass under ``policy``; ``block_size`` here is the alignment
+    step, and non-last passes end on the grid where they can."""
     spans: list[tuple[int, int]] = []
     offset = start
     while offset < total:
@@ -285,6 +313,9 @@ def _pass_spans(
             length = plan_chunk_len(offset, total, proposed, block_size)
         else:  # legacy and free run passes as proposed
             length = proposed
+        on_grid = (offset + length) // grid * grid
+        if offset + length < total and on_grid > offset:
+            length = on_grid - offset
         is_last = offset + length >= total
         splits_last = policy in ("legacy", "split")
         if is_last and splits_last and inpass_capture_spans(split, offset, length):
@@ -298,14 +329,16 @@ def _pass_spans(
 
 
 def _free_capture_positions(
-    total: int, start: int, block_size: int, interval: int, branch_points: tuple[int, ...]
+    total: int, start: int, block_size: int, step: int, interval: int,
+    branch_points: tuple[int, ...], grid: int,
 ) -> list[int]:
-    """The positions the cache wants under ``free``, restricted to (start, total)."""
-    wanted = {tail_boundary(total, block_size), tail_split_point(total, block_size)}
-    wanted.update(branch_points)
+    """The positions the cache wants under ``free`` (tail points in ``step``-token steps, the
+    rest floored to the grid), restricted to (start, total)."""
+    wanted = {tail_boundary(total, step), tail_split_point(total, step)}
+    wanted.update(p // grid * grid for p in branch_points)
     if interval > 0:
-        step = interval * block_size
+        every = interval * block_size
         # Generate the multiples directly rather than filter pass ends: any position can be
         # captured in-pass.
-        wanted.update(range((start // step + 1) * step, total, step))
+        wanted.update(p // grid * grid for p in range((start // every + 1) * every, total, every))
     return sorted(p for p in wanted if p is not None and start < p < total)

@@ -114,6 +114,7 @@ class SimulationReport:
     max_snapshots: int | None
     cost_model: CostModel
     totals: Totals
+    grid: int = 1
     requests: list[RequestReport] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -132,12 +133,14 @@ def simulate(
     max_snapshots: int | None = None,
     eviction: str = "lru",
     cost_model: CostModel | None = None,
+    grid: int = 1,
 ) -> SimulationReport:
     """Serve ``trace`` (prompts as sequences of token ids, in arrival order) with a fresh
     :class:`~planner.cache.PrefixCache` and report what each request and the whole trace cost.
 
     Snapshot handles are ints numbered from 0 in insertion order. Under ``free`` each
-    request's branch point (where it leaves the tree) is captured in-pass.
+    request's branch point (where it leaves the tree) is captured in-pass. ``grid`` is
+    :func:`~planner.plan.plan_prefill`'s: plans (and so snapshots) on multiples of it.
     """
     check_choice("policy", policy, POLICIES)
     check_int("block_size", block_size, minimum=1)
@@ -146,6 +149,7 @@ def simulate(
     check_int("interval", interval)
     check_optional_int("max_snapshots", max_snapshots)
     check_choice("eviction", eviction, EVICTION_POLICIES)
+    check_int("grid", grid, minimum=1)
     if cost_model is None:
         cost_model = CostModel()
     elif not isinstance(cost_model, CostModel):
@@ -165,7 +169,7 @@ def simulate(
             cache.pin(match.snapshot)  # the restore is in flight until this request is done
 
         plan = plan_prefill(
-            total, start=restore, interval=interval, policy=policy,
+            total, start=restore, interval=interval, policy=policy, grid=grid,
             branch_points=(branch,) if policy == "free" else (), **rules,
         )
         cache_off = plan_prefill(total, start=restore, policy="free", **rules)
@@ -201,6 +205,7 @@ def simulate(
         interval=interval,
         max_snapshots=max_snapshots,
         cost_model=cost_model,
+        grid=grid,
         totals=_totals(reports, len(cache)),
         requests=reports,
     )

@@ -3,7 +3,8 @@
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 Subpackages beyond the names below: `ssm_kernels.adapters` (transformers models and
 mamba_ssm-compatible entry points), `ssm_kernels.scan.chunked` (the chunked algorithm's settings),
-`ssm_kernels.scan.reference` and `ssm_kernels.conv.reference` (the float64 references).
+`ssm_kernels.scan.reference` and `ssm_kernels.conv.reference` (the float64 references),
+`ssm_kernels.engine` (entry points for serving engines: states in place in a cache by slot).
 This package imports nothing of `planner` or `ssm_serving`, which sit above it.
 """
 from ._common import ScanResult

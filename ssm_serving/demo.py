@@ -11,9 +11,12 @@ and replays 20; in-pass capture (inpass, free) restores at 32768 and replays 4.
 By default the incident is scaled down 8x (budget 1024, total 4100, interval 4) so that it runs
 in seconds on a CPU; the relations that made the incident stay: the first chunk is one token past
 a block boundary, and under legacy the tail split point falls inside the second-to-last chunk.
-``--full`` runs it at full size (minutes on a CPU; the README quotes measured times). The exact
-path throughout: the recurrent kernels (PyTorch on CPU, Triton on CUDA) and batch-invariant
-projections and norms.
+``--full`` runs it at full size (minutes on a CPU; the README quotes measured times).
+Batch-invariant projections and norms throughout, and two scans (PyTorch on CPU, Triton on CUDA):
+the recurrent one, exact at any split, and the chunked one (chunk 256, less at small scales),
+exact at multiples of its chunk size, so its engine plans on that grid (planner's grid option):
+its warm requests restore at a grid point and are bit-identical too. Its table shows the replay
+that grid costs.
 
     python -m ssm_serving.demo [--scale N | --full] [--layers L] [--hidden H] ...
 """
@@ -41,6 +44,8 @@ DEFAULT_SCALE = 8
 # last boundary) falls strictly inside a chunk rather than on a chunk end.
 MAX_SCALE = FULL_BUDGET // (2 * BLOCK_SIZE)
 SEED_RESULT = {"legacy": (24577, 8195), "split": (32752, 20), "inpass": (32768, 4), "free": (32768, 4)}
+SCANS = ("recurrent", "chunked")
+CHUNK_SIZE = 256  # the chunked scan's default; smaller when the budget is (passes end on its grid)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_true", help="the incident at full size (32772 tokens; minutes on a CPU)")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), metavar="POLICY",
                         help=f"policies to run (default: all of {', '.join(POLICIES)})")
+    parser.add_argument("--scans", nargs="+", choices=SCANS, default=list(SCANS), metavar="SCAN",
+                        help=f"Mamba scans to serve with (default: both of {', '.join(SCANS)})")
     parser.add_argument("--layers", type=_positive, default=4, help="model layers (default 4)")
     parser.add_argument("--attention-every", type=_int_from(0), default=2,
                         help="every n-th layer is attention, the rest Mamba-2 (default 2; 0: none)")
@@ -150,60 +157,79 @@ def run(args: argparse.Namespace, out=None) -> int:
         torch.set_num_threads(threads)
 
 
+def chunk_size_for(budget: int) -> int:
+    """The chunked scan's chunk size at a budget: CHUNK_SIZE, or the largest power of two that
+    fits the budget (at least 16), so that passes can end on its grid."""
+    return max(16, min(CHUNK_SIZE, 1 << (budget.bit_length() - 1)))
+
+
 def _run(args: argparse.Namespace, out) -> int:
     incident = Incident(1 if args.full else args.scale or DEFAULT_SCALE)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
-    config = HybridConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
-                          attention_every=args.attention_every, mamba_heads=args.hidden * 2 // 32,
-                          mamba_head_dim=32, state_size=args.state_size, mlp_size=2 * args.hidden, seed=args.seed)
-    model = HybridLM(config, device=device)
+    chunk = chunk_size_for(incident.budget)
+    configs = {scan: HybridConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
+                                  attention_every=args.attention_every, mamba_heads=args.hidden * 2 // 32,
+                                  mamba_head_dim=32, state_size=args.state_size, mlp_size=2 * args.hidden,
+                                  seed=args.seed, scan_algorithm=scan, chunk_size=chunk if scan == "chunked" else None)
+               for scan in args.scans}
     rng = random.Random(args.seed)
     prompt = [rng.randrange(args.vocab) for _ in range(incident.total)]
     rules = incident.rules()
 
-    def warm_estimate(policy):
-        return plan_prefill(incident.total, policy=policy, **rules).warm_restore().replay_tokens
+    def warm_estimate(policy, grid):
+        return plan_prefill(incident.total, policy=policy, grid=grid, **rules).warm_restore().replay_tokens
 
-    bar = tqdm(total=incident.total * (1 + len(args.policies)) + sum(map(warm_estimate, args.policies)),
+    bar = tqdm(total=sum(incident.total * (1 + len(args.policies)) + sum(warm_estimate(p, c.scan_grid)
+                                                                          for p in args.policies)
+                         for c in configs.values()),
                unit="tok", desc="prefill", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True)
     began = time.perf_counter()
-    bar.set_postfix_str("one cold pass (reference)")
-    reference = model.prefill(prompt)
-    bar.update(incident.total)
-    rows = []
-    for policy in args.policies:
-        engine = Engine(model, policy=policy, **rules)
-        bar.set_postfix_str(f"{policy}: cold")
-        cold = engine.serve(prompt, on_tokens=bar.update)
-        bar.set_postfix_str(f"{policy}: warm")
-        warm = engine.serve(prompt, on_tokens=bar.update)
-        exact = torch.equal(cold.logits, reference) and torch.equal(warm.logits, reference[warm.restore_point:])
-        rows.append((policy, _lengths(cold.passes), str(len(cold.captures)), str(len(cold.snapshots)),
-                     str(warm.restore_point), str(warm.replayed), _lengths(warm.passes),
-                     f"{cold.wall_s:.2f}", f"{warm.wall_s:.3f}", "yes" if exact else "NO"))
+    tables = {}
+    for scan, config in configs.items():
+        model = HybridLM(config, device=device)
+        bar.set_postfix_str(f"{scan}: one cold pass (reference)")
+        reference = model.prefill(prompt)
+        bar.update(incident.total)
+        rows = tables[scan] = []
+        for policy in args.policies:
+            engine = Engine(model, policy=policy, **rules)
+            bar.set_postfix_str(f"{scan} {policy}: cold")
+            cold = engine.serve(prompt, on_tokens=bar.update)
+            bar.set_postfix_str(f"{scan} {policy}: warm")
+            warm = engine.serve(prompt, on_tokens=bar.update)
+            exact = torch.equal(cold.logits, reference) and torch.equal(warm.logits, reference[warm.restore_point:])
+            rows.append((policy, _lengths(cold.passes), str(len(cold.captures)), str(len(cold.snapshots)),
+                         str(warm.restore_point), str(warm.replayed), _lengths(warm.passes),
+                         f"{cold.wall_s:.2f}", f"{warm.wall_s:.3f}", "yes" if exact else "NO"))
     bar.close()
     elapsed = time.perf_counter() - began
 
+    config = next(iter(configs.values()))
     layers = ", ".join(config.layer_types)
     print(f"incident{'' if incident.scale == 1 else f' at 1/{incident.scale} scale'}: {incident.total} tokens, "
           f"block {BLOCK_SIZE}, first chunk {incident.first_budget}, budget {incident.budget}, "
           f"interval {incident.interval} blocks", file=out)
     print(f"model: {config.num_layers} layers ({layers}), hidden {config.hidden_size}, vocab {config.vocab_size}, "
           f"{str(config.dtype).replace('torch.', '')}, {device.type} "
-          f"({'Triton' if device.type == 'cuda' else 'PyTorch'} recurrent kernels)", file=out)
+          f"({'Triton' if device.type == 'cuda' else 'PyTorch'} kernels)", file=out)
     print("warm = the byte-identical request served after the cold one; bitwise = every logit of both runs "
-          "equals one cold pass (torch.equal)\n", file=out)
+          "equals one cold pass (torch.equal)", file=out)
     header = ("policy", "cold passes", "captures", "snapshots", "warm restore", "replayed", "warm passes",
               "cold s", "warm s", "bitwise")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in (header, *rows):
-        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
-              .rstrip(), file=out)
+    titles = {"recurrent": "recurrent scan: exact at any split",
+              "chunked": f"chunked scan, chunk {chunk}: exact at multiples of {chunk}, so passes and snapshots "
+                         f"are planned on that grid"}
+    for scan, rows in tables.items():
+        print(f"\n{titles[scan]}", file=out)
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for line in (header, *rows):
+            print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+                  .rstrip(), file=out)
     print("\nseed at full size: " + "; ".join(f"{p} restores at {r} and replays {n}"
                                              for p, (r, n) in SEED_RESULT.items()) + f"\ndemo wall time {elapsed:.1f} s",
           file=out)
-    return 0 if all(r[-1] == "yes" for r in rows) else 1
+    return 0 if all(r[-1] == "yes" for rows in tables.values() for r in rows) else 1
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,9 @@ the policy; run its passes, capturing the Mamba states the plan asks for inside 
 at pass ends that save a snapshot); insert the prompt's blocks and the new snapshots. Tokens
 between the restore point and the match are replayed: the SSM needs them, and their KV is
 recomputed bit for bit.
+
+A model on the chunked scan continues bit for bit only from multiples of its chunk size: the
+engine plans with that grid (``HybridConfig.scan_grid``), so passes start and snapshots sit on it.
 """
 from __future__ import annotations
 
@@ -93,11 +96,13 @@ class Engine:
     policy, block_size, budget, first_budget, interval: as planner.plan_prefill; under "free"
     each request's branch point (where it leaves the cache tree) is captured as well.
     max_snapshots, eviction: as planner.PrefixCache. logits: "all" or "last", what serve returns.
+    grid: planner.plan_prefill's grid; None (default) is the model's scan grid, with which every
+    warm request is bit-identical to a cold one.
     """
 
     def __init__(self, model: HybridLM, *, policy: str, block_size: int, budget: int,
                  first_budget: int | None = None, interval: int = 0, max_snapshots: int | None = None,
-                 eviction: str = "lru", logits: str = "all"):
+                 eviction: str = "lru", logits: str = "all", grid: int | None = None):
         if not isinstance(model, HybridLM):
             raise TypeError(f"model must be a HybridLM, got {type(model).__name__}")
         model.check_device()
@@ -105,7 +110,8 @@ class Engine:
             raise ValueError(f"logits must be one of {LOGITS} (what serve returns), got {logits!r}")
         self.model = model
         self.policy = policy
-        self.rules = dict(block_size=block_size, budget=budget, first_budget=first_budget)
+        grid = model.config.scan_grid if grid is None else grid
+        self.rules = dict(block_size=block_size, budget=budget, first_budget=first_budget, grid=grid)
         self.interval = interval
         self.logits = logits
         self.cache = PrefixCache(block_size, max_snapshots=max_snapshots, eviction=eviction)

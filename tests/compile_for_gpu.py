@@ -1,91 +1,46 @@
-"""Compile every Triton kernel launch of a set of representative calls for a Hopper GPU (sm_90),
-on a machine without one.
+"""Compile every Triton kernel launch of a set of representative calls for a Hopper GPU (sm_90a),
+on a machine without one, exactly as each launch would specialise it.
 
 The interpreter runs the kernels' semantics on CPU but never compiles them; this script does
-the opposite: each `kernel[grid](...)` is compiled through Triton's real pipeline (TTIR, TTGIR,
-LLVM IR, PTX, cubin) for the H100/H200 target instead of launched, so type errors, unsupported
-constructs and register-tile mistakes show up without a GPU. Outputs stay unwritten.
+the opposite: each `kernel[grid](...)` is recorded instead of launched and compiled through
+Triton's real pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin) for the H100/H200 target, bound by
+Triton's own runtime binder (bench.launches: 16-byte alignment and divisibility attributes,
+stride-1 arguments as constants, as a real launch), so type errors, unsupported constructs and
+register-tile mistakes show up without a GPU, on the binaries a GPU would run. Outputs stay
+unwritten.
 
-Each variant's register use is read from `ptxas -v` (the ptxas Triton uses). A variant that
-spills more than SPILL_LIMIT_BYTES per thread to local memory fails the run: a few bytes are
-register-allocation noise, while a tile that does not fit in registers spills hundreds to
-thousands (64 x 64 conv tiles spilled 3 KB, fp32 64 x 64 x 128 chunk-output tiles 11 KB).
+Each variant's registers and spills are read from `ptxas -v` (the ptxas and flags Triton uses;
+bench.sass), and its registers also from the cubin. A variant that spills more than
+SPILL_LIMIT_BYTES per thread to local memory fails the run: a few bytes are register-allocation
+noise, while a tile that does not fit in registers spills hundreds to thousands (64 x 64 conv
+tiles spilled 3 KB, fp32 64 x 64 x 128 chunk-output tiles 11 KB).
 
-Run with TRITON_INTERPRET unset: python tests/compile_for_gpu.py  (prints one line per kernel
-variant; exit 1 on the first failure or spill).
+Run with TRITON_INTERPRET unset, from anywhere: python tests/compile_for_gpu.py  (prints one
+line per kernel variant; exit 1 on any spill).
 """
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("compile_for_gpu.py needs TRITON_INTERPRET unset: it compiles the kernels, not interprets them")
+os.environ["TRITON_INTERPRET"] = "0"  # bench/__init__ would choose the interpreter without CUDA
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, this checkout's kernels
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import JITFunction, mangle_type  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
-LAUNCH_OPTIONS = ("num_warps", "num_stages")
-PTXAS = get_ptxas(TARGET.arch).path  # the ptxas Triton itself uses for this target
+from bench import sass  # noqa: E402
+from bench.launches import TARGET, compile_launch, recording  # noqa: E402
+
 SPILL_LIMIT_BYTES = 64
-compiled: dict = {}
-spills: list[str] = []
 
 
-def resource_usage(ptx: str) -> dict[str, int]:
-    """Registers, stack frame and spill bytes of a PTX kernel, from `ptxas -v`."""
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        report = subprocess.run([PTXAS, "-lineinfo", "-v", f"--gpu-name=sm_{TARGET.arch}a", f.name, "-o", os.devnull],
-                                capture_output=True, text=True, check=True).stderr
-    numbers = lambda pattern: int(re.search(pattern, report).group(1))  # noqa: E731
-    return dict(registers=numbers(r"Used (\d+) registers"), stack=numbers(r"(\d+) bytes stack frame"),
-                spill_stores=numbers(r"(\d+) bytes spill stores"), spill_loads=numbers(r"(\d+) bytes spill loads"))
-
-
-def compile_instead_of_launch(self, *args, grid, warmup, **kwargs):
-    options = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs}
-    bound = dict(zip(self.arg_names, args), **kwargs)
-    signature, constexprs = {}, {}
-    for param in self.params:
-        value = bound[param.name] if param.name in bound else param.default
-        if param.is_constexpr:
-            signature[param.name] = "constexpr"
-            constexprs[(param.num,)] = value
-        else:
-            signature[param.name] = mangle_type(value)
-    key = (self.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())), tuple(options.items()))
-    if key not in compiled:
-        kernel = triton.compile(ASTSource(self, signature, constexprs), target=TARGET, options=options)
-        compiled[key] = kernel
-        flags = ", ".join(f"{self.arg_names[k[0]]}={v}" for k, v in sorted(constexprs.items()))
-        usage = resource_usage(kernel.asm["ptx"])
-        line = (f"{self.fn.__name__}: {usage['registers']} registers, {usage['spill_stores']} B spilled  "
-                f"({flags}, {options})")
-        spilled = max(usage["spill_stores"], usage["spill_loads"]) > SPILL_LIMIT_BYTES
-        if spilled:
-            spills.append(line)
-        print(f"{'SPILL' if spilled else 'ok '} {line}", flush=True)
-
-
-def main() -> int:
-    JITFunction.run = compile_instead_of_launch
-    import ssm_kernels
-    from ssm_kernels import _triton
-
-    _triton.RUNS_ON_CPU = True  # let backend="triton" take CPU tensors: nothing is launched
+def representative_calls() -> None:
+    """Every public function with every optional input on and off, odd sizes, both dtypes."""
     from ssm_kernels import causal_conv1d, causal_conv1d_update, mamba1_scan, mamba2_scan, selective_state_update
 
-    torch.manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
         for ngroups, dstate, headdim in ((1, 128, 64), (8, 16, 32), (1, 256, 64), (2, 64, 64), (1, 32, 64)):
             nheads = 8
@@ -121,10 +76,36 @@ def main() -> int:
                           cu_seqlens=torch.tensor([0, 20, 50]), capture=[(0, 3), (1, 30)], backend="triton")
             causal_conv1d_update(conv_x[:, :, 0], torch.randn(3, 96, width - 1).to(dtype), weight, activation="silu",
                                  backend="triton")
-    print(f"{len(compiled)} kernel variants compiled for {TARGET.backend} sm_{TARGET.arch} "
+
+
+def main() -> int:
+    import ssm_kernels
+
+    torch.manual_seed(0)
+    launches = []
+    with recording(launches):
+        representative_calls()
+    spills, mismatched, seen = [], [], set()
+    for launch in launches:
+        kernel = compile_launch(launch)
+        if id(kernel) in seen:
+            continue
+        seen.add(id(kernel))
+        code = sass.read(kernel)
+        flags = ", ".join(f"{k}={v}" for k, v in sorted(launch.constexprs.items()))
+        line = (f"{launch.kernel}: {code.ptxas_registers} registers, {code.spill_stores} B spilled  "
+                f"({flags}, num_warps={launch.num_warps}, num_stages={launch.num_stages})")
+        spilled = max(code.spill_stores, code.spill_loads) > SPILL_LIMIT_BYTES
+        if spilled:
+            spills.append(line)
+        if code.registers != code.ptxas_registers:
+            mismatched.append(line)
+            line += f"  (but the cubin has {code.registers}: ptxas -v was not run as Triton runs it)"
+        print(f"{'SPILL' if spilled else 'ok '} {line}", flush=True)
+    print(f"{len(seen)} kernel variants compiled for {TARGET.backend} sm_{TARGET.arch}a "
           f"(triton {triton.__version__}, ssm_kernels from {os.path.dirname(ssm_kernels.__file__)}); "
-          f"{len(spills)} spill more than {SPILL_LIMIT_BYTES} B")
-    return 1 if spills else 0
+          f"{len(mismatched)} differ from the cubin's registers; {len(spills)} spill more than {SPILL_LIMIT_BYTES} B")
+    return 1 if spills or mismatched else 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,16 @@ def seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of token-sized ops: extra threads only spin (badly so on a
+    shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

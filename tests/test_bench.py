@@ -64,7 +64,7 @@ def test_scan_json_is_complete_and_labelled(dry_run):
         assert key in data["env"], key
     assert data["copy_bandwidth"]["GBps"] > 0
     assert set(data["peers"]) == {"mamba_ssm", "fla", "hf-torch"}
-    for section in ("scan", "captures", "inpass_vs_split", "decode"):
+    for section in ("scan", "captures", "inpass_vs_split", "grid_split", "decode"):
         rows = data[section]
         assert rows, section
         assert all(r["status"] in ("ok", "n/a", "skipped", "failed") for r in rows)
@@ -88,6 +88,9 @@ def test_scan_json_is_complete_and_labelled(dry_run):
     caps = {r["captures"] for r in data["captures"] if r["status"] == "ok"}
     assert {0, 1, 8, 64} <= caps
     assert all(r["ratio"] > 0 for r in data["inpass_vs_split"] if r["status"] == "ok")
+    grid = [r for r in data["grid_split"] if r["status"] == "ok"]
+    assert {r["backend"] for r in grid} == ({"triton"} if CUDA else {"torch", "triton-interpreter"})
+    assert all(r["bitwise"] is True and r["split"] % data["config"]["chunk_size"] == 0 for r in grid), grid
     assert {r["batch"] for r in data["decode"]} == set(wl.REDUCED_DECODE_BATCHES)
 
 

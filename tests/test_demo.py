@@ -12,11 +12,14 @@ from ssm_serving import cli, demo
 TINY = ["--scale", "256", "--layers", "2", "--hidden", "32", "--state-size", "8", "--vocab", "64"]
 
 
-def table_rows(text):
-    rows = {}
+def table_rows(text, scan="recurrent"):
+    """The rows of one scan's table, by policy."""
+    rows, section = {}, None
     for line in text.splitlines():
         cells = line.split()
-        if cells and cells[0] in ("legacy", "split", "inpass", "free"):
+        if line.startswith(("recurrent scan", "chunked scan")):
+            section = cells[0]
+        elif cells and cells[0] in ("legacy", "split", "inpass", "free") and section == scan:
             rows[cells[0]] = cells
     return rows
 
@@ -35,14 +38,23 @@ def test_demo_reproduces_the_incident_shape(capsys):
         "free": ("33+32+32+32+3", "128", "4", "yes"),
     }
     assert rows["inpass"][2] == "1"  # the split point, captured inside the fourth pass
+    # The chunked scan (chunk 32 at this budget) plans on its grid: every policy's passes end on
+    # multiples of 32, the warm request restores at the match, 128, and every logit is bitwise.
+    assert "chunked scan, chunk 32: exact at multiples of 32" in out
+    chunked = table_rows(out, "chunked")
+    assert {p: (r[1], r[4], r[5], r[-1]) for p, r in chunked.items()} == {
+        p: ("32+32+32+32+4", "128", "4", "yes") for p in ("legacy", "split", "inpass", "free")}
 
 
 def test_cli_demo_subcommand_with_some_policies(capsys):
     threads = torch.get_num_threads()
-    assert cli.main(["demo", *TINY, "--policies", "split", "free", "--no-progress", "--attention-every", "0"]) == 0
+    assert cli.main(["demo", *TINY, "--policies", "split", "free", "--no-progress", "--attention-every", "0",
+                     "--scans", "recurrent"]) == 0
     assert torch.get_num_threads() == threads  # restored
-    rows = table_rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    rows = table_rows(out)
     assert sorted(rows) == ["free", "split"] and rows["free"][4:6] == ["128", "4"]
+    assert "chunked scan" not in out
 
 
 def test_module_entry_point_shows_progress_on_stderr():
@@ -60,6 +72,7 @@ def test_module_entry_point_shows_progress_on_stderr():
     (["--scale", "x"], "must be an int"),
     (["--scale", "8", "--full"], "not allowed with argument"),
     (["--policies", "eager"], "invalid choice"),
+    (["--scans", "auto"], "invalid choice"),
     (["--layers", "0"], "must be >= 1"),
     (["--hidden", "30"], "must be a multiple of 16"),
     (["--attention-every", "-1"], "must be >= 0"),

@@ -11,13 +11,7 @@ CONFIG = HybridConfig(vocab_size=64, hidden_size=32, num_layers=4, attention_eve
                       mamba_heads=2, mamba_head_dim=32, state_size=8, mlp_size=48, seed=3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Token-sized ops: extra threads only spin (badly so on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: token-sized ops, one thread
 
 
 @pytest.fixture(scope="module")

@@ -52,8 +52,9 @@ class Mamba2Mixer(SSMMixer):
     outputs, states and snapshots are bit-identical however a sequence is split into passes;
     ``exact=False`` (default) runs them as plain batched ops (faster; splits agree to rounding).
     ``backend`` goes to the kernels ("auto": Triton on CUDA, PyTorch on CPU); ``algorithm`` and
-    ``chunk_size`` to mamba2_scan: the default "recurrent" is the exact path, "chunked" is faster
-    for long GPU prefills but splits then agree to rounding only (pair it with ``exact=False``).
+    ``chunk_size`` to mamba2_scan: the default "recurrent" is exact at any split; "chunked" is
+    faster for long GPU prefills and exact at splits on multiples of chunk_size (absolute
+    positions: the layer passes its states' positions), elsewhere to rounding only.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, state_size: int = 128,
@@ -149,6 +150,7 @@ class Mamba2Mixer(SSMMixer):
         A = -torch.exp(self.A_log.float())
         scan = mamba2_scan(x, dt, A, B, C, initial_states=state.ssm, cu_seqlens=cu_seqlens,
                            capture=capture, algorithm=self.algorithm, chunk_size=self.chunk_size,
+                           start_positions=state.positions,  # the chunked scan's grid is absolute
                            **self._scan_options())
         out = self._finish(scan.y.flatten(-2), gate, hidden_states.dtype)
         return out, conv, scan

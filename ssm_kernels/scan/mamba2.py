@@ -63,7 +63,7 @@ def _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, sta
 
 def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
                 dt_limit=(0.0, math.inf), initial_states=None, cu_seqlens=None, capture=None,
-                backend="auto", algorithm="recurrent", chunk_size=None) -> ScanResult:
+                backend="auto", algorithm="recurrent", chunk_size=None, start_positions=None) -> ScanResult:
     """Selective scan over a prefill pass (Mamba-2 multi-head layout), with in-pass captures.
 
     Per head h (group g = h // (nheads // ngroups)) and token t:
@@ -87,12 +87,17 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         capture: (ncapture, 2) int tensor or a sequence of (sequence index, offset) pairs with
             0 <= offset <= that sequence's length; any order, duplicates allowed.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
-        algorithm: "recurrent" (default; exact, one token at a time), "chunked" (matmuls inside
-            chunks; fast on GPU for long passes, accurate to rounding but not bit-identical across
-            splits) or "auto" (recurrent on CPU; on CUDA chunked when the longest sequence has at
-            least ssm_kernels.scan.chunked.AUTO_CHUNKED_MIN_TOKENS tokens). See ssm_kernels.scan.chunked.
+        algorithm: "recurrent" (default; exact at any split, one token at a time), "chunked"
+            (matmuls inside chunks; fast on GPU for long passes; exact at splits on its chunk grid,
+            accurate to rounding elsewhere) or "auto" (recurrent on CPU; on CUDA chunked when the
+            longest sequence has at least ssm_kernels.scan.chunked.AUTO_CHUNKED_MIN_TOKENS
+            tokens). See ssm_kernels.scan.chunked.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
-            (default 256); the chunk grid restarts at each sequence start. Ignored by "recurrent".
+            (default 256). Ignored by "recurrent".
+        start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
+            position of each sequence's first token in this pass (default 0). The chunked
+            algorithm puts its chunk boundaries at the multiples of chunk_size of these absolute
+            positions; "recurrent" does not need them (its results do not depend on them).
 
     Returns:
         ScanResult(y: like x in x's dtype, final_states: (nseq, nheads, headdim, dstate) float32,
@@ -101,8 +106,9 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
 
     Exact (algorithm="recurrent"): the same sequence gives bit-identical y and states however it is
     split into passes (continuing from a captured state), batched, or captured, on one device and
-    backend. The chunked algorithm keeps only the last two: captures leave y and final states
-    bit-identical, but its rounding depends on the chunk grid, so splits agree to rounding only.
+    backend. The chunked algorithm keeps batching and captures bitwise, and splits at multiples of
+    chunk_size (absolute positions, see start_positions): a pass that starts there continues one
+    longer pass bit for bit. A pass that starts elsewhere agrees with it to rounding only.
     """
     nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
     check_bool("dt_softplus", dt_softplus)
@@ -117,6 +123,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     backend = resolve_backend(backend, device)
     algorithm = chunked.resolve_algorithm(algorithm, device, seqs)
     chunk_size = chunked.check_chunk_size(chunk_size)
+    start_positions = chunked.check_start_positions(start_positions, seqs)
 
     y = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
@@ -124,7 +131,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     problem = _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
                        seqs, captures, y, final_states, captured)
     if algorithm == "chunked":
-        chunked.run(problem, backend, chunk_size)
+        chunked.run(problem, backend, chunk_size, start_positions)
     else:
         dispatch.run(problem, backend)
     return ScanResult(y, final_states, captured)

@@ -1,10 +1,12 @@
 """A small hybrid language model: Mamba-2 and attention layers interleaved, each followed by an
 MLP, with pre-norm residuals, seeded random weights, and per-pass state capture.
 
-Every op runs so that a token's result never depends on the pass it is in (the Mamba layers on
-the exact recurrent kernels with exact=True, projections and norms as batch-invariant row ops;
-see ssm_kernels.layers.rows and model.blocks). A prefill split into any passes, resumed from any captured snapshot, therefore
-gives bit-identical logits to one cold pass.
+Every op runs so that a token's result never depends on the pass it is in (projections and norms
+as batch-invariant row ops, see ssm_kernels.layers.rows and model.blocks; the Mamba layers with
+exact=True). With the recurrent scan (the default) a prefill split into any passes, resumed from
+any captured snapshot, therefore gives bit-identical logits to one cold pass. With the chunked scan
+(``scan_algorithm="chunked"``) that holds for passes that start at multiples of ``chunk_size``
+(``scan_grid``), which is what the planner's grid option plans.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import nn
 
 from ssm_kernels import MAX_DSTATE
 from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
+from ssm_kernels.scan.chunked import check_chunk_size
 
 from .blocks import MLP, Attention, KVCache, RMSNorm
 
@@ -56,7 +59,9 @@ def check_tokens(tokens, vocab_size: int) -> list[int]:
 @dataclass(frozen=True)
 class HybridConfig:
     """Sizes of the hybrid model. Layer i is attention when attention_every > 0 and
-    (i + 1) % attention_every == 0, else Mamba-2 (mamba_heads * mamba_head_dim channels)."""
+    (i + 1) % attention_every == 0, else Mamba-2 (mamba_heads * mamba_head_dim channels).
+    scan_algorithm and chunk_size go to the Mamba layers' mamba2_scan ("recurrent" or "chunked";
+    chunk_size None: the scan's default)."""
 
     vocab_size: int = 256
     hidden_size: int = 64
@@ -72,6 +77,8 @@ class HybridConfig:
     eps: float = 1e-5
     seed: int = 0
     dtype: torch.dtype = torch.float32
+    scan_algorithm: str = "recurrent"
+    chunk_size: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "mamba_heads",
@@ -95,6 +102,15 @@ class HybridConfig:
             raise ValueError(f"mamba_heads ({self.mamba_heads}) must be a multiple of n_groups ({self.n_groups})")
         if self.state_size > MAX_DSTATE:
             raise ValueError(f"state_size {self.state_size} is beyond the kernels' limit of {MAX_DSTATE}")
+        if self.scan_algorithm not in ("recurrent", "chunked"):
+            raise ValueError(f"scan_algorithm must be 'recurrent' or 'chunked', got {self.scan_algorithm!r}")
+        check_chunk_size(self.chunk_size)
+
+    @property
+    def scan_grid(self) -> int:
+        """The positions a pass may start at for bit-identical results: anywhere (1) with the
+        recurrent scan, multiples of the chunk size with the chunked one."""
+        return check_chunk_size(self.chunk_size) if self.scan_algorithm == "chunked" else 1
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -155,7 +171,8 @@ class _Block(nn.Module):
             self.mixer = Mamba2Mixer(config.hidden_size, config.mamba_heads, config.mamba_head_dim,
                                      config.state_size, config.n_groups, config.conv_kernel,
                                      layer_norm_epsilon=config.eps, exact=True, backend=backend,
-                                     dtype=config.dtype)
+                                     dtype=config.dtype, algorithm=config.scan_algorithm,
+                                     chunk_size=config.chunk_size)
         self.norm2 = RMSNorm(config.hidden_size, config.eps, dtype=config.dtype)
         self.mlp = MLP(config.hidden_size, config.mlp_size, dtype=config.dtype)
 

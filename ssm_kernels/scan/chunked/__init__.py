@@ -1,4 +1,4 @@
-"""The chunked Mamba-2 scan: a fast, non-exact path of mamba2_scan (algorithm="chunked").
+"""The chunked Mamba-2 scan: the fast path of mamba2_scan for long passes (algorithm="chunked").
 
 Algorithms of mamba2_scan:
 - "recurrent" (the default): one token at a time, exact. Any split into passes, any batching and
@@ -6,10 +6,13 @@ Algorithms of mamba2_scan:
 - "chunked": the SSD algorithm (matmuls inside chunks of `chunk_size` tokens, states passed
   between chunks), as in mamba_ssm's mamba_chunk_scan_combined, but it also returns the state at
   any offset, not just at chunk boundaries. Captures cost O(chunk) work each and never change y or
-  the final states (bit-identical with and without them). It is NOT bit-identical across splits:
-  its rounding depends on the chunk grid, which restarts at each pass and sequence start, so a
-  warm restore from a captured state matches the cold run to rounding (within the accuracy
-  below), not bitwise.
+  the final states (bit-identical with and without them).
+  The chunk grid is fixed by absolute positions: boundaries at the multiples of chunk_size, with
+  each sequence's first token at `start_positions[s]` (default 0). A pass that starts at a
+  multiple of chunk_size (from the state at that position: a captured or final state of an
+  earlier pass) computes every chunk as one longer pass does, so its y, final and captured states
+  are bit-identical to that pass's, on each backend. A pass that starts off the grid has a
+  shorter first chunk, other rounding, and matches to within the accuracy below, not bitwise.
   Accuracy against float64 (RMS-relative): float32 inputs use full-precision (IEEE fp32, no tf32)
   matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in their dtype with fp32
   accumulation and stay within 1e-2. Intermediate and returned states are float32.
@@ -33,27 +36,33 @@ ALGORITHMS = ("recurrent", "chunked", "auto")
 DEFAULT_CHUNK_SIZE = 256
 MAX_CHUNK_SIZE = 1024
 # "auto" picks the chunked path on CUDA from this many tokens in the longest sequence of the pass.
-# A first estimate from reasoning, not a measurement. The reasoning:
-# the recurrent kernel walks a sequence one token at a time, each step a chain of dependent loads,
-# exp and a reduction, so its time grows with the longest sequence at a latency-bound cost per
-# token; the chunked path pays about five kernel launches and one chunk's matmuls up front, then
-# its sequential part is one state update per chunk instead of per token. We expect the two to
-# cross within the first chunk or two, and take one default chunk (256 tokens). Re-measure it on
-# the target GPU with a sweep of mamba2_scan over pass lengths for both algorithms (bench/) and
-# replace this value with the measured crossover.
-AUTO_CHUNKED_MIN_TOKENS = 256
+# Modelled for sm_90a (H200), not measured: both kernels compiled as a launch specialises them,
+# bfloat16, the Mamba-2 2.7B layer (80 heads x 64, dstate 128):
+# - recurrent: its token loop is 778 SASS instructions for the one warp of a program (8 state
+#   rows), and the 640 programs of the layer fit one wave, so a token costs at least 778 issue
+#   cycles, 0.41 us at 1.9 GHz, before any stall: at least 26 us for 64 tokens, 105 us for 256;
+# - chunked: six kernel launches whatever the length up to one chunk, each a short wave; at about
+#   4 us per launch (launch latency plus one wave, assumed) that is about 24 us.
+# They cross near 24 / 0.41 = 59 tokens: the threshold is the next power of two. The GPU suite's
+# crossover section (bench/scan.py) measures it; replace this value with the measured one.
+AUTO_CHUNKED_MIN_TOKENS = 64
+
+
+def _as_int(name: str, value) -> int:
+    """`value` as an int (anything with __index__, not a bool), else TypeError naming `name`."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
 
 
 def check_chunk_size(chunk_size) -> int:
     """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
     if chunk_size is None:
         return DEFAULT_CHUNK_SIZE
-    if isinstance(chunk_size, bool):
-        raise TypeError(f"chunk_size must be an int, got {chunk_size!r}")
-    try:
-        size = operator.index(chunk_size)
-    except TypeError:
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
+    size = _as_int("chunk_size", chunk_size)
     if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
         raise ValueError(f"chunk_size must be a power of two from 16 (the smallest tl.dot tile) to "
                          f"{MAX_CHUNK_SIZE}, got {size}")
@@ -70,11 +79,38 @@ def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
     return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
 
 
-def run(problem, backend: str, chunk_size: int) -> None:
+def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
+    """None -> zeros; otherwise one int >= 0 per sequence (a sequence of ints or a 1-D int tensor)."""
+    if start_positions is None:
+        return [0] * seqs.count
+    if isinstance(start_positions, torch.Tensor):
+        if start_positions.dtype.is_floating_point or start_positions.dtype.is_complex \
+                or start_positions.dtype == torch.bool or start_positions.ndim != 1:
+            raise TypeError(f"start_positions must be a 1-D integer tensor, got dtype {start_positions.dtype} "
+                            f"and shape {tuple(start_positions.shape)}")
+        values = start_positions.tolist()
+    else:
+        try:
+            values = list(start_positions)
+        except TypeError:
+            raise TypeError(f"start_positions must be a sequence of ints, one per sequence, got "
+                            f"{type(start_positions).__name__}") from None
+    if len(values) != seqs.count:
+        raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
+    positions = []
+    for s, value in enumerate(values):
+        position = _as_int(f"start_positions[{s}]", value)
+        if position < 0:
+            raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
+        positions.append(position)
+    return positions
+
+
+def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
     """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend."""
-    plan = make_plan(problem.seqs, problem.captures, chunk_size, problem.x.device)
+    plan = make_plan(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
     (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkPlan",
-           "check_chunk_size", "resolve_algorithm", "run"]
+           "check_chunk_size", "check_start_positions", "resolve_algorithm", "run"]

@@ -1,14 +1,16 @@
 """The chunked Mamba-2 scan in PyTorch: the same algorithm as the Triton kernels, written out.
 
-For CPU users (a faster, non-exact alternative to the recurrent loop) and as the readable
-statement of what the kernels compute. Per sequence, chunk by chunk (the grid of ChunkPlan),
-in float32 whatever the input dtype:
+For CPU users (a faster alternative to the recurrent loop) and as the readable statement of
+what the kernels compute. Per sequence, chunk by chunk (the absolute grid of ChunkPlan), in
+float32 whatever the input dtype:
 
     cs = cumsum(dt' * A) inside the chunk                                  (L, H)
     y_i = exp(cs_i) C_i S0 + sum_{j <= i} (C_i . B_j) exp(cs_i - cs_j) dt'_j x_j   (+ D x, * silu z)
     state after j tokens = exp(cs_{j-1}) S0 + sum_{i < j} exp(cs_{j-1} - cs_i) dt'_i x_i (outer) B_i
 
 Captures use the last formula from the chunk-start state, apart from y and the final state.
+Every chunk is computed from fresh float32 copies of its own inputs, with tensor shapes set by its
+length alone, so the same chunk from the same start state gives the same bits in any pass.
 """
 from __future__ import annotations
 
@@ -49,9 +51,9 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
         for c in range(seq_chunks[s], seq_chunks[s + 1]):
             b, t0, n = plan.chunk_list[c]
             tok = slice(t0, t0 + n)
-            x = p.x[b, tok].float()  # (L, H, P)
-            B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N)
-            dt = discretize_dt(p.dt[b, tok, :, 0], dt_bias, p)  # (L, H)
+            x = p.x[b, tok].to(torch.float32, copy=True)  # (L, H, P)
+            B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N), gathered: new tensors
+            dt = discretize_dt(p.dt[b, tok, :, 0].to(torch.float32, copy=True), dt_bias, p)  # (L, H)
             cs = torch.cumsum(dt * A, dim=0)  # (L, H)
             causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()[:, :, None]
             decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)
@@ -61,7 +63,7 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
             if D is not None:
                 y = y + D * x
             if p.z is not None:
-                y = y * F.silu(p.z[b, tok].float())
+                y = y * F.silu(p.z[b, tok].to(torch.float32, copy=True))
             p.y[b, tok] = y
             for row, j in inner.get(c, ()):
                 p.captured[row] = _state_after(state, cs, dt, x, B, j)

@@ -6,22 +6,30 @@ inside a chunk, the state after token i of a chunk that starts from state S0 is
     S_i = exp(cs_i) * S0 + sum_{j <= i} exp(cs_i - cs_j) * dt'_j * x_j (outer) B_j
 
 so inside a chunk everything is matmuls (tensor cores), and only the chunk-start states are
-passed from chunk to chunk. Five kernels, each over a grid fixed by the chunk grid and the model
-dimensions:
+passed from chunk to chunk. Six kernels, each over a grid fixed by the chunk grid and the model
+dimensions; scratch tensors are contiguous, laid out (chunk, head or group, ...):
 
-1. _dt_cumsum_kernel     (chunk, head):              dt' and cs of every token, to scratch.
-2. _chunk_state_kernel   (chunk, head, P block):     each chunk's own contribution to its end state.
-3. _state_passing_kernel (sequence, head, P block):  walks a sequence's chunks in order, turning
-   the contributions into chunk-start states in place, and writes the final state.
-4. _chunk_output_kernel  (chunk, head, M x P block): y = C S0 decayed + the causal intra-chunk
-   term + D x, gated by silu(z).
-5. _capture_kernel       (capture, head, P block):   the state at offset j inside chunk c, from
-   the stored start state of c: exp(cs_{j-1}) S0 + the first j tokens' contribution. It only
-   reads what kernels 1-3 wrote, so asking for captures cannot change a bit of y or the final
-   states. Captures at a sequence's end are copies of its final state (launcher).
+1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
+2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
+   on and below the diagonal only (the causal part), in the matmul dtype.
+3. _chunk_state_kernel   (chunk, head, P x N block):  each chunk's own contribution to its end
+   state, float32.
+4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
+   S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
+   output kernel's operand), the float32 start states of the chunks that serve captures (a
+   compact table, see ChunkPlan.slots) and the final state. It streams a flat P*N block per
+   program, so it is many programs moving memory, not one walk per head.
+5. _chunk_output_kernel  (chunk, head, M x P block):  y = exp(cs) C S0^T + the causal
+   (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
+   mask, whose x tile also serves D x; gated by silu(z).
+6. _capture_kernel       (capture, head, P x N block): the state at offset j inside chunk c,
+   exp(cs_{j-1}) S0 + the first j tokens' contribution, from c's float32 start state. It only
+   reads what kernels 1-4 wrote, so captures cannot change a bit of y or the final states.
+   Captures at a sequence's end are copies of its final state (launcher).
 
-Rounding depends on the chunk grid: unlike the recurrent kernel, results are not bit-identical
-across different splits of a sequence into passes (see ssm_kernels.scan.chunked).
+Matmuls: bfloat16/float16 inputs multiply in their dtype with float32 accumulation (tensor
+cores: wgmma on Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
+(input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
 """
 from __future__ import annotations
 
@@ -35,10 +43,14 @@ from .plan import ChunkPlan
 
 
 @triton.jit
-def _emulated_round(a, DOT_DTYPE: tl.constexpr):
-    """fp32 `a` rounded to DOT_DTYPE (to nearest even), kept in fp32. For bfloat16 by bit
-    arithmetic: the interpreter's fp32 -> bfloat16 cast truncates, the GPU's rounds to nearest."""
-    if DOT_DTYPE == tl.bfloat16:
+def _round(a, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """`a` rounded to DOT_DTYPE (to nearest even), as fp32. Under the interpreter (EMULATE)
+    bfloat16 is rounded by bit arithmetic: its fp32 -> bfloat16 cast truncates, the GPU's rounds
+    to nearest."""
+    a = a.to(tl.float32)
+    if DOT_DTYPE == tl.float32:
+        out = a
+    elif EMULATE and DOT_DTYPE == tl.bfloat16:
         bits = a.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         out = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
@@ -49,15 +61,14 @@ def _emulated_round(a, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def _dot(a, b, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """a @ b of two fp32 tiles, accumulated in fp32, operands rounded to DOT_DTYPE (float32: full
-    precision, no tf32).
-
-    EMULATE (under the interpreter, whose tl.dot multiplies the raw bits of bfloat16 operands)
-    rounds the operands to DOT_DTYPE and multiplies them in fp32: the same products, exact in fp32."""
+    """a @ b, accumulated in fp32, operands (fp32, or already in DOT_DTYPE as loaded: no round
+    trip through fp32 registers) rounded to DOT_DTYPE (float32: IEEE, no tf32). EMULATE (the
+    interpreter's tl.dot multiplies the raw bits of bfloat16 operands) multiplies the rounded
+    operands in fp32: the same products, exact in fp32."""
     if DOT_DTYPE == tl.float32:
-        out = tl.dot(a, b, input_precision="ieee")
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif EMULATE:
-        out = tl.dot(_emulated_round(a, DOT_DTYPE), _emulated_round(b, DOT_DTYPE), input_precision="ieee")
+        out = tl.dot(_round(a, DOT_DTYPE, EMULATE), _round(b, DOT_DTYPE, EMULATE), input_precision="ieee")
     else:
         out = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
     return out
@@ -86,13 +97,13 @@ def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
         b_xT = tl.load(p_x + o_p[:, None] * s_x_p + o_k[None, :] * s_x_t,
                        mask=m_p[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BP, BK]
         b_B = tl.load(p_B + o_k[:, None] * s_B_t + o_n[None, :] * s_B_n,
-                      mask=m_k[:, None] & m_n[None, :], other=0.0).to(tl.float32)  # [BK, BN]
+                      mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BK, BN]
         acc += _dot(b_xT * b_w[None, :], b_B, DOT_DTYPE, EMULATE)
     return acc
 
 
 @triton.jit
-def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr,
+def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr, decay_ptr,
                       nheads, dt_min, dt_max, s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
                       HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
@@ -110,22 +121,52 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
     o_scr = (i_c * nheads + i_h) * CHUNK + o_t
     tl.store(dt_out_ptr + o_scr, b_dt)
     tl.store(cs_out_ptr + o_scr, b_cs)
+    # cs past the chunk's last token stays at cs_last: the last element is the chunk's log decay.
+    tl.store(decay_ptr + i_c * nheads + i_h, tl.exp(tl.sum(tl.where(o_t == CHUNK - 1, b_cs, 0.0), axis=0)))
+
+
+@triton.jit
+def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
+                     s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
+                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                     DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    i_c = tl.program_id(0).to(tl.int64) // ngroups
+    i_g = tl.program_id(0).to(tl.int64) % ngroups
+    i_m = tl.program_id(1)
+    i_k = tl.program_id(2)
+    if i_k <= i_m:  # blocks above the diagonal are never read
+        i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
+        o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        o_k = i_k * BLOCK_M + tl.arange(0, BLOCK_M)
+        o_d = tl.arange(0, BLOCK_D)
+        p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
+        p_BT = B_ptr + i_b * s_B_b + (t0 + o_k)[None, :] * s_B_t + i_g * s_B_g
+        acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
+        for d0 in range(0, dstate, BLOCK_D):
+            m_d = d0 + o_d < dstate
+            b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=(o_m < n_tok)[:, None] & m_d[None, :],
+                          other=0.0)  # [BM, BD]
+            b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :],
+                           other=0.0)  # [BD, BK]
+            acc += _dot(b_C, b_BT, DOT_DTYPE, EMULATE)
+        p_cb = cb_ptr + (i_c * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
+        tl.store(p_cb, _round(acc, DOT_DTYPE, EMULATE).to(p_cb.dtype.element_ty))
 
 
 @triton.jit
 def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
-                        headdim, dstate, nheads, heads_per_group,
+                        headdim, dstate, nheads, heads_per_group, n_nblocks,
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
-                        s_st_c, s_st_h, s_st_p, s_st_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_p = tl.program_id(2)
+    i_p = tl.program_id(2) // n_nblocks
+    i_n = tl.program_id(2) % n_nblocks
     i_g = i_h // heads_per_group
     i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_p = o_p < headdim
     m_n = o_n < dstate
     o_scr = (i_c * nheads + i_h) * CHUNK
@@ -133,123 +174,127 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
                               B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g,
                               dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
                               o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, EMULATE)
-    p_st = states_ptr + i_c * s_st_c + i_h * s_st_h + o_p[:, None] * s_st_p + o_n[None, :] * s_st_n
+    p_st = states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
     tl.store(p_st, acc, mask=m_p[:, None] & m_n[None, :])
 
 
 @triton.jit
-def _state_passing_kernel(states_ptr, cs_ptr, chunks_ptr, seq_chunks_ptr, state_in_ptr, state_out_ptr,
-                          headdim, dstate, nheads,
-                          s_st_c, s_st_h, s_st_p, s_st_n, s_in_s, s_in_h, s_in_p, s_in_n,
-                          s_out_s, s_out_h, s_out_p, s_out_n,
-                          HAS_INITIAL_STATE: tl.constexpr, CHUNK: tl.constexpr,
-                          BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, state_in_ptr, start_ptr,
+                          slot_states_ptr, state_out_ptr, headdim, dstate, nheads,
+                          s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
+                          HAS_INITIAL_STATE: tl.constexpr, BLOCK: tl.constexpr,
+                          DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_p = tl.program_id(2)
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
-    m_pn = (o_p < headdim)[:, None] & (o_n < dstate)[None, :]
+    size = headdim * dstate
+    o = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat (p, n) of this block
+    m = o < size
+    o_p = o // dstate
+    o_n = o % dstate
     if HAS_INITIAL_STATE:
-        state = tl.load(state_in_ptr + i_s * s_in_s + i_h * s_in_h + o_p[:, None] * s_in_p + o_n[None, :] * s_in_n,
-                        mask=m_pn, other=0.0)
+        state = tl.load(state_in_ptr + i_s * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n, mask=m, other=0.0)
     else:
-        state = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    c_lo = tl.load(seq_chunks_ptr + i_s)
-    c_hi = tl.load(seq_chunks_ptr + i_s + 1)
-    for c in range(c_lo, c_hi):
-        p_st = states_ptr + c * s_st_c + i_h * s_st_h + o_p[:, None] * s_st_p + o_n[None, :] * s_st_n
-        b_own = tl.load(p_st, mask=m_pn, other=0.0)  # the chunk's own contribution (kernel 2)
-        tl.store(p_st, state, mask=m_pn)  # replaced by the state at the chunk's start
-        n_tok = tl.load(chunks_ptr + c * 3 + 2)
-        b_cs_end = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + n_tok - 1)
-        state = tl.exp(b_cs_end) * state + b_own
-    tl.store(state_out_ptr + i_s * s_out_s + i_h * s_out_h + o_p[:, None] * s_out_p + o_n[None, :] * s_out_n,
-             state, mask=m_pn)
+        state = tl.zeros([BLOCK], dtype=tl.float32)
+    for c in range(tl.load(seq_chunks_ptr + i_s), tl.load(seq_chunks_ptr + i_s + 1)):
+        o_ch = (c * nheads + i_h) * size + o
+        b_own = tl.load(states_ptr + o_ch, mask=m, other=0.0)  # the chunk's own contribution (kernel 3)
+        b_decay = tl.load(decay_ptr + c * nheads + i_h)
+        tl.store(start_ptr + o_ch, _round(state, DOT_DTYPE, EMULATE).to(start_ptr.dtype.element_ty), mask=m)
+        slot = tl.load(slots_ptr + c) + 0 * o  # [BLOCK], one value
+        tl.store(slot_states_ptr + (tl.maximum(slot, 0) * nheads + i_h) * size + o, state, mask=m & (slot >= 0))
+        state = b_decay * state + b_own
+    tl.store(state_out_ptr + i_s * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n, state, mask=m)
 
 
 @triton.jit
-def _chunk_output_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
+def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
                          headdim, dstate, nheads, heads_per_group, n_pblocks,
-                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
-                         s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                         s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                         s_st_c, s_st_h, s_st_p, s_st_n,
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, CHUNK: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                         DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_m = tl.program_id(2) // n_pblocks
     i_p = tl.program_id(2) % n_pblocks
     i_g = i_h // heads_per_group
     i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output tokens (rows) of this program
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
-    m_m = o_m < n_tok
-    m_p = o_p < headdim
-    m_n = o_n < dstate
-    p_dt = dt_ptr + (i_c * nheads + i_h) * CHUNK
-    p_cs = cs_ptr + (i_c * nheads + i_h) * CHUNK
-    p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
-    p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g
+    m0 = i_m * BLOCK_M
+    if m0 < n_tok:
+        o_m = m0 + tl.arange(0, BLOCK_M)  # output tokens (rows); source blocks have the same size
+        o_j = tl.arange(0, BLOCK_M)
+        o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        o_d = tl.arange(0, BLOCK_D)
+        m_m = o_m < n_tok
+        m_p = o_p < headdim
+        p_dt = dt_ptr + (i_c * nheads + i_h) * CHUNK
+        p_cs = cs_ptr + (i_c * nheads + i_h) * CHUNK
+        p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h + o_p[None, :] * s_x_p
+        p_cb = cb_ptr + (i_c * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK
+        b_cs_m = tl.load(p_cs + o_m, mask=m_m, other=0.0)  # [BM]
 
-    b_cs_m = tl.load(p_cs + o_m, mask=m_m, other=0.0)  # [BM]
-    b_C = tl.load(C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g + o_n[None, :] * s_C_n,
-                  mask=m_m[:, None] & m_n[None, :], other=0.0).to(tl.float32)  # [BM, BN]
-    # Inter-chunk term: the chunk-start state read out by C, decayed to each token.
-    b_S0T = tl.load(states_ptr + i_c * s_st_c + i_h * s_st_h + o_n[:, None] * s_st_n + o_p[None, :] * s_st_p,
-                    mask=m_n[:, None] & m_p[None, :], other=0.0)  # [BN, BP]
-    acc = _dot(b_C, b_S0T, DOT_DTYPE, EMULATE) * tl.exp(b_cs_m)[:, None]  # [BM, BP]
-    # Intra-chunk term: causal (C B^T * decay * dt) @ x over the source tokens up to this block.
-    for k0 in range(0, tl.minimum((i_m + 1) * BLOCK_M, n_tok), BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = o_k < n_tok
-        b_BT = tl.load(p_B + o_k[None, :] * s_B_t + o_n[:, None] * s_B_n,
-                       mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BN, BK]
-        b_cs_k = tl.load(p_cs + o_k, mask=m_k, other=0.0)
-        b_dt_k = tl.load(p_dt + o_k, mask=m_k, other=0.0)
-        causal = o_m[:, None] >= o_k[None, :]
-        b_decay = tl.exp(tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], -float("inf")))  # [BM, BK]
-        b_w = _dot(b_C, b_BT, DOT_DTYPE, EMULATE) * b_decay * b_dt_k[None, :]
-        b_x = tl.load(p_x + o_k[:, None] * s_x_t + o_p[None, :] * s_x_p,
-                      mask=m_k[:, None] & m_p[None, :], other=0.0).to(tl.float32)  # [BK, BP]
+        # Inter-chunk term: the chunk-start state read out by C, decayed to each token.
+        p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
+        p_S0T = start_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[None, :] * dstate
+        acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+        for d0 in range(0, dstate, BLOCK_D):
+            m_d = d0 + o_d < dstate
+            b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=m_m[:, None] & m_d[None, :], other=0.0)
+            b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None], mask=m_d[:, None] & m_p[None, :], other=0.0)  # [BD, BP]
+            acc += _dot(b_C, b_S0T, DOT_DTYPE, EMULATE)
+        acc *= tl.exp(b_cs_m)[:, None]
+
+        # Intra-chunk term, source blocks strictly below the diagonal: every token valid, causal.
+        for k0 in range(0, m0, BLOCK_M):
+            o_k = k0 + o_j
+            b_w = tl.load(p_cb + o_k[None, :]).to(tl.float32) \
+                * tl.exp(b_cs_m[:, None] - tl.load(p_cs + o_k)[None, :]) * tl.load(p_dt + o_k)[None, :]
+            b_x = tl.load(p_x + o_k[:, None] * s_x_t, mask=m_p[None, :], other=0.0)  # [BK, BP]
+            acc += _dot(b_w, b_x, DOT_DTYPE, EMULATE)
+        # The diagonal block: causal mask; its x tile is this block's own x, reused for D x.
+        causal = o_m[:, None] >= o_m[None, :]
+        b_cs_k = tl.load(p_cs + o_m, mask=m_m, other=0.0)
+        b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) \
+            * tl.exp(tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], -float("inf"))) \
+            * tl.load(p_dt + o_m, mask=m_m, other=0.0)[None, :]
+        m_mp = m_m[:, None] & m_p[None, :]
+        b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
         acc += _dot(b_w, b_x, DOT_DTYPE, EMULATE)
-    m_mp = m_m[:, None] & m_p[None, :]
-    if HAS_D:
-        b_x_m = tl.load(p_x + o_m[:, None] * s_x_t + o_p[None, :] * s_x_p, mask=m_mp, other=0.0).to(tl.float32)
-        acc += tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)[None, :] * b_x_m
-    if HAS_Z:
-        b_z = tl.load(z_ptr + i_b * s_z_b + (t0 + o_m)[:, None] * s_z_t + i_h * s_z_h + o_p[None, :] * s_z_p,
-                      mask=m_mp, other=0.0).to(tl.float32)
-        acc = acc * b_z * tl.sigmoid(b_z)
-    p_y = y_ptr + i_b * s_y_b + (t0 + o_m)[:, None] * s_y_t + i_h * s_y_h + o_p[None, :] * s_y_p
-    tl.store(p_y, acc.to(p_y.dtype.element_ty), mask=m_mp)
+        if HAS_D:
+            acc += tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)[None, :] \
+                * b_x.to(tl.float32)
+        if HAS_Z:
+            b_z = tl.load(z_ptr + i_b * s_z_b + (t0 + o_m)[:, None] * s_z_t + i_h * s_z_h + o_p[None, :] * s_z_p,
+                          mask=m_mp, other=0.0).to(tl.float32)
+            acc = acc * b_z * tl.sigmoid(b_z)
+        p_y = y_ptr + i_b * s_y_b + (t0 + o_m)[:, None] * s_y_t + i_h * s_y_h + o_p[None, :] * s_y_p
+        tl.store(p_y, acc.to(p_y.dtype.element_ty), mask=m_mp)
 
 
 @triton.jit
-def _capture_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, inner_ptr, captured_ptr,
-                    headdim, dstate, nheads, heads_per_group,
-                    s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
-                    s_st_c, s_st_h, s_st_p, s_st_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
+def _capture_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, slots_ptr, slot_states_ptr, inner_ptr, captured_ptr,
+                    headdim, dstate, nheads, heads_per_group, n_nblocks,
+                    s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     i_r = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_p = tl.program_id(2)
+    i_p = tl.program_id(2) // n_nblocks
+    i_n = tl.program_id(2) % n_nblocks
     i_g = i_h // heads_per_group
     row = tl.load(inner_ptr + i_r * 3)
     i_c = tl.load(inner_ptr + i_r * 3 + 1)
     j = tl.load(inner_ptr + i_r * 3 + 2)  # tokens of chunk i_c consumed, 0 <= j < its length
     i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_p = o_p < headdim
     m_n = o_n < dstate
     m_pn = m_p[:, None] & m_n[None, :]
     o_scr = (i_c * nheads + i_h) * CHUNK
-    b_S0 = tl.load(states_ptr + i_c * s_st_c + i_h * s_st_h + o_p[:, None] * s_st_p + o_n[None, :] * s_st_n,
+    slot = tl.load(slots_ptr + i_c)
+    b_S0 = tl.load(slot_states_ptr + (slot * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :],
                    mask=m_pn, other=0.0)
     acc = _chunk_contribution(x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h,
                               B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g,
@@ -264,74 +309,85 @@ def _capture_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, inner_
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def launch_config(headdim: int, dstate: int, chunk_size: int) -> dict:
-    """Block sizes and warps, a function of the model dimensions and chunk size alone (never of
-    sequence lengths or batch composition). tl.dot needs every block >= 16. Chosen so that no
-    kernel spills registers when compiled for sm_90 (bf16 and fp32, dstate up to 256, chunk 256:
-    tests/compile_for_gpu.py checks it); speed is not tuned on a GPU yet."""
+def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype) -> dict:
+    """Tiles and warps, a function of the model dimensions, chunk size and input dtype alone (never
+    of sequence lengths or batch composition, which would change rounding between passes).
+
+    16-bit inputs: 64-row tiles with 4 warps (one warpgroup: Hopper's wgmma takes M = 64 per
+    warpgroup), 3 pipeline stages (2 for the output kernel, see below). float32 inputs run IEEE FMA dots, whose operands live in
+    registers: smaller K and dstate blocks keep them from spilling. tl.dot needs every block >= 16.
+    """
+    wide = dtype != torch.float32
     block_n = max(16, triton.next_power_of_2(dstate))
     return dict(
-        BLOCK_N=block_n, BLOCK_P=max(16, min(32, triton.next_power_of_2(headdim))),
-        BLOCK_M=min(chunk_size, 32), BLOCK_K=min(chunk_size, 32),
-        # state passing has no dot: its tile only has to fit the registers.
-        PASS_BLOCK_P=max(1, min(triton.next_power_of_2(headdim), 4096 // block_n)),
-        # 2 pipeline stages: with fp32 operands and dstate 256 a third stage of the K loop's
-        # tiles would approach the shared memory of smaller GPUs.
-        num_warps=8, num_stages=2,
+        BLOCK_M=min(chunk_size, 64),  # output rows and source tokens of the output kernel, CB tiles
+        BLOCK_P=max(16, min(64, triton.next_power_of_2(headdim))),
+        BLOCK_N=min(block_n, 128 if wide else 64),  # dstate block of chunk states and captures
+        BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
+        BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
+        PASS_BLOCK=1024,  # flat state elements per state-passing program
+        num_warps=4, num_stages=3 if wide else 2,
+        # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
+        # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
+        output=dict(num_warps=4, num_stages=2, maxnreg=168) if wide else dict(num_warps=8, num_stages=2),
     )
 
 
 def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
-    """Launch the five kernels; writes p.y, p.state_out and p.captured."""
+    """Launch the six kernels; writes p.y, p.state_out and p.captured."""
     assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
     nheads, headdim, dstate, ngroups = p.dims
     chunk, nchunks, nseq = plan.chunk_size, plan.nchunks, p.seqs.count
-    cfg = launch_config(headdim, dstate, chunk)
-    bp, bn, bk, bm = cfg["BLOCK_P"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["BLOCK_M"]
+    cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
+    bp, bn, bk, bm, bd = (cfg[k] for k in ("BLOCK_P", "BLOCK_N", "BLOCK_K", "BLOCK_M", "BLOCK_D"))
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     dot = dict(DOT_DTYPE=_DOT_DTYPES[p.x.dtype], EMULATE=RUNS_ON_CPU)
-    device = p.x.device
-    # Scratch, fp32: dt' and cs per (chunk, head, token); the states per (chunk, head): first each
-    # chunk's own contribution, then (state passing, in place) the state at the chunk's start.
-    dt_s = torch.empty(nchunks, nheads, chunk, dtype=torch.float32, device=device)
+    device, f32 = p.x.device, torch.float32
+    # Scratch (see the module doc): dt', cs, decay; C B^T and the chunk-start states in the matmul
+    # dtype (the output kernel rounds them to it anyway); own states and capture slots in fp32.
+    dt_s = torch.empty(nchunks, nheads, chunk, dtype=f32, device=device)
     cs_s = torch.empty_like(dt_s)
-    states = torch.empty(nchunks, nheads, headdim, dstate, dtype=torch.float32, device=device)
+    decay = torch.empty(nchunks, nheads, dtype=f32, device=device)
+    cb = torch.empty(nchunks, ngroups, chunk, chunk, dtype=p.x.dtype, device=device)
+    states = torch.empty(nchunks, nheads, headdim, dstate, dtype=f32, device=device)
+    start = torch.empty(nchunks, nheads, headdim, dstate, dtype=p.x.dtype, device=device)
+    slot_states = torch.empty(plan.nslots, nheads, headdim, dstate, dtype=f32, device=device)
     out = p.state_out
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
-    x_strides, B_strides = p.x.stride(), p.B.stride()
-    st_strides = states.stride()
+    x_strides, B_strides, C_strides = p.x.stride(), p.B.stride(), p.C.stride()
     heads_per_group = nheads // ngroups
-    n_pblocks = triton.cdiv(headdim, bp)
+    n_pblocks, n_nblocks = triton.cdiv(headdim, bp), triton.cdiv(dstate, bn)
     if nchunks:
         _dt_cumsum_kernel[(nchunks, nheads)](
-            dt, A, ptr_or(dt_bias, A), plan.chunks, dt_s, cs_s, nheads, p.dt_min, p.dt_max,
+            dt, A, ptr_or(dt_bias, A), plan.chunks, dt_s, cs_s, decay, nheads, p.dt_min, p.dt_max,
             *dt.stride(), A.stride(0), dt_bias.stride(0) if dt_bias is not None else 0,
             HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=p.dt_softplus, CHUNK=chunk, **launch)
-        _chunk_state_kernel[(nchunks, nheads, n_pblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, states, headdim, dstate, nheads, heads_per_group,
-            *x_strides, *B_strides, *st_strides,
-            CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
+        nm = chunk // bm
+        _chunk_cb_kernel[(nchunks * ngroups, nm, nm)](
+            p.B, p.C, plan.chunks, cb, dstate, ngroups, *B_strides, *C_strides,
+            CHUNK=chunk, BLOCK_M=bm, BLOCK_D=bd, **dot, **launch)
+        _chunk_state_kernel[(nchunks, nheads, n_pblocks * n_nblocks)](
+            p.x, p.B, dt_s, cs_s, plan.chunks, states, headdim, dstate, nheads, heads_per_group, n_nblocks,
+            *x_strides, *B_strides, CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if nseq:
-        pass_bp = cfg["PASS_BLOCK_P"]
-        _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim, pass_bp))](
-            ptr_or(states, out), ptr_or(cs_s, out), ptr_or(plan.chunks, plan.seq_chunks), plan.seq_chunks,
-            ptr_or(p.state_in, out), out, headdim, dstate, nheads,
-            *st_strides, *strides_or_zeros(p.state_in, 4), *out.stride(),
-            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=chunk, BLOCK_P=pass_bp, BLOCK_N=bn,
-            **launch)
+        _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
+            ptr_or(states, out), ptr_or(decay, out), plan.seq_chunks, ptr_or(plan.slots, plan.seq_chunks),
+            ptr_or(p.state_in, out), ptr_or(start, out), ptr_or(slot_states, out), out, headdim, dstate, nheads,
+            *strides_or_zeros(p.state_in, 4), *out.stride(),
+            HAS_INITIAL_STATE=p.state_in is not None, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
     if nchunks:
-        _chunk_output_kernel[(nchunks, nheads, triton.cdiv(chunk, bm) * n_pblocks)](
-            p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, states,
+        _chunk_output_kernel[(nchunks, nheads, chunk // bm * n_pblocks)](
+            p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, cb, start,
             headdim, dstate, nheads, heads_per_group, n_pblocks,
-            *x_strides, *B_strides, *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-            *st_strides, HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk,
-            BLOCK_M=bm, BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn, **dot, **launch)
+            *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
+            HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk,
+            BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **cfg["output"])
     if plan.inner_list:
-        _capture_kernel[(len(plan.inner_list), nheads, n_pblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, states, plan.inner, p.captured,
-            headdim, dstate, nheads, heads_per_group,
-            *x_strides, *B_strides, *st_strides, *p.captured.stride(),
+        _capture_kernel[(len(plan.inner_list), nheads, n_pblocks * n_nblocks)](
+            p.x, p.B, dt_s, cs_s, plan.chunks, plan.slots, slot_states, plan.inner, p.captured,
+            headdim, dstate, nheads, heads_per_group, n_nblocks,
+            *x_strides, *B_strides, *p.captured.stride(),
             CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if plan.final_rows.numel():
         p.captured[plan.final_rows] = out[plan.final_seqs]

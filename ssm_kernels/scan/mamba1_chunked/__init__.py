@@ -16,8 +16,6 @@ Algorithms of mamba1_scan:
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from ..._common import Sequences
@@ -55,42 +53,10 @@ def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
     return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
 
 
-def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
-    """None -> zeros; otherwise one int >= 0 per sequence (a sequence of ints or a 1-D int tensor)."""
-    if start_positions is None:
-        return [0] * seqs.count
-    if isinstance(start_positions, torch.Tensor):
-        if start_positions.dtype.is_floating_point or start_positions.dtype.is_complex \
-                or start_positions.dtype == torch.bool or start_positions.ndim != 1:
-            raise TypeError(f"start_positions must be a 1-D integer tensor, got dtype {start_positions.dtype} "
-                            f"and shape {tuple(start_positions.shape)}")
-        values = start_positions.tolist()
-    else:
-        try:
-            values = list(start_positions)
-        except TypeError:
-            raise TypeError(f"start_positions must be a sequence of ints, one per sequence, got "
-                            f"{type(start_positions).__name__}") from None
-    if len(values) != seqs.count:
-        raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
-    positions = []
-    for s, value in enumerate(values):
-        if isinstance(value, bool):
-            raise TypeError(f"start_positions[{s}] must be an int, got {value!r}")
-        try:
-            position = operator.index(value)
-        except TypeError:
-            raise TypeError(f"start_positions[{s}] must be an int, got {type(value).__name__}") from None
-        if position < 0:
-            raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
-        positions.append(position)
-    return positions
-
-
 def run(problem: ScanProblem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
     """Run a validated mamba1_scan problem with the chunked algorithm on a resolved backend."""
     (run_triton if backend == "triton" else run_torch)(problem, chunk_size, start_positions)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "check_chunk_size",
-           "check_start_positions", "resolve_algorithm", "run"]
+           "resolve_algorithm", "run"]

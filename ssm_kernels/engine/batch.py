@@ -1,0 +1,225 @@
+"""A serving engine's step, described once and shared by every layer of that step.
+
+An engine builds one PrefillBatch (or DecodeBatch) per forward step from its own metadata: the
+sequences of the pass, the cache slot each one reads and writes, whether it continues from a
+cached state, and where captured states go. Every layer's call then takes the batch and writes
+into the engine's cache tensors in place, allocating nothing. Building the batch is where index
+tensors are prepared (a few small ones, once per step); with validate=False it reads nothing
+back from the device, so it works under CUDA graphs and asynchronous scheduling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._common import INDEX_DTYPES, CaptureTable, Sequences, check_tensor
+
+# vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
+PAD_SLOT_ID = -1
+NULL_BLOCK_ID = 0
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    """The sequences of one prefill pass and where their states live.
+
+    seqs: the varlen layout (tokens of sequence s are [cu_seqlens[s], cu_seqlens[s + 1])).
+    state_indices: (nseq,) slot each sequence reads its initial state from and writes its final
+        state to. has_initial: (nseq,) bool or None (all continue from their slot).
+    captures: per-sequence tables of (offset, destination slot) sorted by offset.
+    skip_slot: rows whose slot equals it are not computed (None: every row is).
+    """
+
+    seqs: Sequences
+    state_indices: torch.Tensor
+    has_initial: torch.Tensor | None
+    captures: CaptureTable
+    skip_slot: int | None
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One token per row: row b reads slot state_indices[b] and writes dst_state_indices[b]."""
+
+    seqs: Sequences
+    state_indices: torch.Tensor
+    dst_state_indices: torch.Tensor | None
+    captures: CaptureTable  # always empty: the kernels' capture table for "none"
+    skip_slot: int | None
+
+
+def _index(name, t, n):
+    check_tensor(name, t, [("nseq" if n is None else "batch", n)], INDEX_DTYPES)
+    return t
+
+
+def _device_captures(seq, offset, slot, nseq: int, total_tokens: int) -> CaptureTable:
+    """Capture tables sorted on the device (no host read): (sequence, offset) order, per-sequence
+    bounds by searchsorted. `entries` is filled only for host tensors (the PyTorch path reads it)."""
+    device = seq.device
+    seq, offset, slot = seq.long(), offset.long(), slot.long()
+    order = torch.argsort(seq * (total_tokens + 1) + offset, stable=True)
+    seq, offset, slot = seq[order], offset[order], slot[order]
+    ptr = torch.searchsorted(seq, torch.arange(nseq + 1, device=device), right=False)
+    if device.type == "cpu":
+        entries = list(zip(seq.tolist(), offset.tolist(), slot.tolist()))
+    else:
+        entries = [None] * seq.numel()  # only the count is read on this path
+    return CaptureTable(ptr, offset, slot, entries)
+
+
+def _no_captures(nseq: int, device) -> CaptureTable:
+    return CaptureTable(torch.zeros(nseq + 1, dtype=torch.int64, device=device), None, None, [])
+
+
+def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_seq=None,
+                  capture_offset=None, capture_slot=None, skip_slot=PAD_SLOT_ID, nslots=None,
+                  validate=True) -> PrefillBatch:
+    """Describe a prefill step once; pass the result to every layer's prefill calls.
+
+    Args:
+        cu_seqlens: (nseq + 1,) int32/int64, the tokens of each sequence in the packed pass.
+        state_indices: (nseq,) int32/int64 cache slots: sequence s continues from the state in
+            its slot (where has_initial_state[s], else from zeros) and leaves its final state there.
+        has_initial_state: (nseq,) bool, optional (default: every sequence continues).
+        capture_seq, capture_offset, capture_slot: (ncapture,) int32/int64, all or none: write the
+            state of sequence capture_seq[i] after capture_offset[i] tokens of this pass into slot
+            capture_slot[i] (0 <= offset <= the sequence's length), in the same pass. Any order.
+            A capture whose slot is skip_slot is dropped: an engine can propose captures on the
+            device and decline some without a host round trip.
+        skip_slot: rows whose state_indices entry equals this are skipped (vLLM's PAD_SLOT_ID,
+            -1, by default); None computes every row.
+        nslots: the cache's slot count, for validation (optional).
+        validate: check values on the host (one device sync on CUDA): lengths, slot ranges, that
+            live rows' slots are distinct and that no capture lands on a slot a row reads.
+            With False nothing is read back; bad values are then undefined behaviour.
+    """
+    check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
+    nseq = cu_seqlens.shape[0] - 1
+    if nseq < 0:
+        raise ValueError("cu_seqlens must hold at least one entry (0)")
+    _index("state_indices", state_indices, nseq)
+    device = cu_seqlens.device
+    for name, t in (("state_indices", state_indices), ("has_initial_state", has_initial_state)):
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but cu_seqlens is on {device}")
+    if has_initial_state is not None:
+        check_tensor("has_initial_state", has_initial_state, [("nseq", nseq)], (torch.bool,))
+    given = [t is not None for t in (capture_seq, capture_offset, capture_slot)]
+    if any(given) and not all(given):
+        raise ValueError("capture_seq, capture_offset and capture_slot go together: give all three or none")
+    ncap = 0
+    if all(given):
+        _index("capture_seq", capture_seq, None)
+        ncap = capture_seq.shape[0]
+        for name, t in (("capture_offset", capture_offset), ("capture_slot", capture_slot)):
+            check_tensor(name, t, [("ncapture", ncap)], INDEX_DTYPES)
+        for name, t in (("capture_seq", capture_seq), ("capture_offset", capture_offset),
+                        ("capture_slot", capture_slot)):
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device} but cu_seqlens is on {device}")
+    if skip_slot is not None and (isinstance(skip_slot, bool) or not isinstance(skip_slot, int)):
+        raise TypeError(f"skip_slot must be an int or None, got {skip_slot!r}")
+
+    if validate:
+        _validate_prefill(cu_seqlens, state_indices, capture_seq if ncap else None, capture_offset,
+                          capture_slot, skip_slot, nslots)
+    # The kernels index these by row: make them dense (a no-op for the usual contiguous tensors).
+    state_indices = state_indices.contiguous()
+    if has_initial_state is not None:
+        has_initial_state = has_initial_state.contiguous()
+    # The kernels read lengths from cu_seqlens on the device; the host list here only carries the
+    # count (and, on the host path, the true lengths).
+    if device.type == "cpu" or validate:
+        bounds = cu_seqlens.tolist()
+        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    else:
+        lengths = [0] * nseq
+    cu = (cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.long()).contiguous()
+    seqs = Sequences(cu, lengths, varlen=True)
+    if ncap:
+        total = lengths and max(sum(lengths), 0)
+        total_tokens = total if (device.type == "cpu" or validate) else 1 << 40
+        captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, total_tokens)
+    else:
+        captures = _no_captures(nseq, device)
+    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot)
+
+
+def _validate_prefill(cu_seqlens, state_indices, capture_seq, capture_offset, capture_slot, skip_slot, nslots):
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    for s, length in enumerate(lengths):
+        if length < 0:
+            raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = {bounds[s + 1]} "
+                             f"< cu_seqlens[{s}] = {bounds[s]}")
+    slots = state_indices.tolist()
+    live = [s for s in slots if s != skip_slot]
+    _check_slots("state_indices", slots, skip_slot, nslots)
+    if len(set(live)) != len(live):
+        raise ValueError("state_indices must be distinct (apart from skip_slot): two rows writing one slot would race")
+    if capture_seq is None:
+        return
+    cap_slots = [s for s in capture_slot.tolist() if s != skip_slot]
+    _check_slots("capture_slot", cap_slots, None, nslots)
+    if len(set(cap_slots)) != len(cap_slots):
+        raise ValueError("capture_slot must be distinct: two captures writing one slot would race")
+    if set(cap_slots) & set(live):
+        raise ValueError(f"capture_slot {sorted(set(cap_slots) & set(live))} is also a row's state slot; "
+                         "a capture must not overwrite a state the pass reads")
+    for i, (s, k, slot) in enumerate(zip(capture_seq.tolist(), capture_offset.tolist(), capture_slot.tolist())):
+        if slot == skip_slot:
+            continue
+        if not 0 <= s < len(lengths):
+            raise ValueError(f"capture_seq[{i}] = {s} names no sequence (the pass has {len(lengths)})")
+        if slots[s] == skip_slot:
+            raise ValueError(f"capture_seq[{i}] = {s} names a skipped row (slot {skip_slot})")
+        if not 0 <= k <= lengths[s]:
+            raise ValueError(f"capture_offset[{i}] = {k} for sequence {s} is outside 0..{lengths[s]}")
+
+
+def _check_slots(name, slots, skip_slot, nslots):
+    for i, slot in enumerate(slots):
+        if slot == skip_slot:
+            continue
+        if slot < 0 or (nslots is not None and slot >= nslots):
+            raise ValueError(f"{name}[{i}] = {slot} is out of range for a cache with {nslots} slots")
+
+
+def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID, nslots=None,
+                 validate=True) -> DecodeBatch:
+    """Describe a decode step (one token per row) once; pass it to every layer's decode calls.
+
+    Args:
+        state_indices: (batch,) int32/int64: row b continues from the state in this slot.
+        dst_state_indices: (batch,) int32/int64, optional: where row b's new state goes
+            (default: back into state_indices[b]).
+        skip_slot: rows whose state_indices entry equals this are skipped (a padded decode batch:
+            vLLM pads with PAD_SLOT_ID -1, or NULL_BLOCK_ID 0 in its prefix-caching mode);
+            None computes every row.
+        nslots, validate: as in prefill_batch.
+    """
+    _index("state_indices", state_indices, None)
+    batch = state_indices.shape[0]
+    device = state_indices.device
+    if dst_state_indices is not None:
+        _index("dst_state_indices", dst_state_indices, batch)
+        if dst_state_indices.device != device:
+            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on {device}")
+    if skip_slot is not None and (isinstance(skip_slot, bool) or not isinstance(skip_slot, int)):
+        raise TypeError(f"skip_slot must be an int or None, got {skip_slot!r}")
+    if validate:
+        slots = state_indices.tolist()
+        _check_slots("state_indices", slots, skip_slot, nslots)
+        dst = dst_state_indices.tolist() if dst_state_indices is not None else slots
+        live_dst = [d for s, d in zip(slots, dst) if s != skip_slot]
+        _check_slots("dst_state_indices", live_dst, None, nslots)
+        if len(set(live_dst)) != len(live_dst):
+            raise ValueError("the rows' destination slots must be distinct: two rows writing one slot would race")
+    cu = torch.arange(batch + 1, dtype=torch.int64, device=device)
+    seqs = Sequences(cu, [1] * batch, varlen=False)
+    dst = None if dst_state_indices is None else dst_state_indices.contiguous()
+    return DecodeBatch(seqs, state_indices.contiguous(), dst, _no_captures(batch, device), skip_slot)

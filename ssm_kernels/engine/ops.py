@@ -1,0 +1,276 @@
+"""Per-layer entry points for a serving engine: prefill, conv and decode, in place in its caches.
+
+Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache
+tensors by slot, writes the output into `out`, and allocates nothing: the same kernels as
+mamba2_scan, mamba1_scan and causal_conv1d (the recurrent scan, so a sequence's outputs and
+states are bit-identical however the engine splits, batches or captures it), launched on views.
+States are kept in float32 inside the kernels and rounded to the cache's dtype (float32,
+float16 or bfloat16) when stored. Tensor parallelism needs nothing special: a rank passes its
+own heads (or channels) and its own slice of the cache; slots and captures are rank-local.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .._common import (FLOAT_DTYPES, check_dt_limit, check_inplace_target, check_same_device, check_tensor,
+                       resolve_backend)
+from ..conv.problem import ConvProblem
+from ..conv.torch_kernel import run_torch as run_conv_torch
+from ..conv.triton_kernel import run_triton as run_conv_triton
+from ..scan import dispatch
+from ..scan.problem import ScanProblem, check_scan_sizes
+from .batch import DecodeBatch, PrefillBatch
+
+F32 = (torch.float32,)
+ACTIVATIONS = (None, "silu", "swish")
+
+
+def _check_out(name, out, shape, dtype):
+    check_tensor(name, out, [(f"dim{i}", n) for i, n in enumerate(shape)], FLOAT_DTYPES)
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have the input's dtype {dtype}, got {out.dtype}")
+
+
+def _check_cache(name, cache, dims):
+    check_tensor(name, cache, [("nslots", None)] + dims, FLOAT_DTYPES)
+    check_inplace_target(name, cache)
+
+
+def _per_row(t, nheads, headdim):
+    if t is None:
+        return None
+    return (t.unsqueeze(-1) if t.ndim == 1 else t).expand(nheads, headdim)
+
+
+def _mamba2_problem(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out, decode):
+    """x: (batch, tokens, nheads, headdim) views; the scan layout over the cache."""
+    nheads, headdim = x.shape[2:]
+    dstate = B.shape[3]
+    return ScanProblem(
+        x=x, dt=dt.unsqueeze(-1).expand(*dt.shape, headdim),
+        A=A.view(nheads, 1, 1).expand(nheads, headdim, dstate), B=B, C=C,
+        D=_per_row(D, nheads, headdim), z=z, dt_bias=_per_row(dt_bias, nheads, headdim),
+        dt_softplus=bool(dt_softplus), dt_min=dt_limit[0], dt_max=dt_limit[1], a_per_state=False,
+        state_in=ssm_state, state_index=batch.state_indices, seqs=batch.seqs, captures=batch.captures,
+        y=out, state_out=ssm_state, captured=ssm_state,
+        has_initial=None if decode else batch.has_initial,
+        state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
+
+
+def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, lead):
+    check_tensor("x", x, [(n, None) for n in lead] + [("nheads", None), ("headdim", None)], FLOAT_DTYPES)
+    sizes = list(zip(lead, x.shape))
+    nheads, headdim = x.shape[-2:]
+    check_tensor("dt", dt, sizes + [("nheads", nheads)], FLOAT_DTYPES)
+    check_tensor("A", A, [("nheads", nheads)], F32)
+    check_tensor("B", B, sizes + [("ngroups", None), ("dstate", None)], FLOAT_DTYPES)
+    ngroups, dstate = B.shape[-2:]
+    check_tensor("C", C, sizes + [("ngroups", ngroups), ("dstate", dstate)], FLOAT_DTYPES)
+    check_scan_sizes("nheads", nheads, ngroups, dstate, headdim=headdim)
+    if D is not None:
+        dims = [("nheads", nheads)] if getattr(D, "ndim", 0) == 1 else [("nheads", nheads), ("headdim", headdim)]
+        check_tensor("D", D, dims, FLOAT_DTYPES)
+    if z is not None:
+        check_tensor("z", z, sizes + [("nheads", nheads), ("headdim", headdim)], FLOAT_DTYPES)
+    if dt_bias is not None:
+        check_tensor("dt_bias", dt_bias, [("nheads", nheads)], FLOAT_DTYPES)
+    _check_cache("ssm_state", ssm_state, [("nheads", nheads), ("headdim", headdim), ("dstate", dstate)])
+    _check_out("out", out, x.shape, x.dtype)
+    return check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, ssm_state=ssm_state, out=out)
+
+
+def _check_batch(batch, cls, device, ntokens=None):
+    if not isinstance(batch, cls):
+        raise TypeError(f"batch must be a {cls.__name__} (from ssm_kernels.engine.{cls.__name__.lower()[:-5]}_batch), "
+                        f"got {type(batch).__name__}")
+    if batch.seqs.cu_seqlens.device != device:
+        raise ValueError(f"the batch is on {batch.seqs.cu_seqlens.device} but the tensors are on {device}")
+    if ntokens is not None and ntokens != batch.seqs.count:
+        raise ValueError(f"the inputs hold {ntokens} rows but the batch has {batch.seqs.count}")
+
+
+def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
+                   dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto") -> None:
+    """One Mamba-2 layer's scan over a prefill step, states in place in the engine's cache.
+
+    Args:
+        batch: the step's PrefillBatch.
+        x: (ntokens, nheads, headdim) float32/float16/bfloat16, the packed pass.
+        dt: (ntokens, nheads); A: (nheads,) float32; B, C: (ntokens, ngroups, dstate).
+        ssm_state: (nslots, nheads, headdim, dstate) float32/float16/bfloat16, the cache:
+            each row's initial state is read from its slot, its final state and its captures
+            are written to their slots.
+        out: like x, written (rows of skipped sequences are left as they were).
+        D: (nheads,) or (nheads, headdim); z: like x; dt_bias: (nheads,); dt_softplus, dt_limit
+            and backend as in mamba2_scan.
+    """
+    device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("ntokens",))
+    _check_batch(batch, PrefillBatch, device)
+    dt_limit = check_dt_limit(dt_limit)
+    backend = resolve_backend(backend, device)
+    u = lambda t: None if t is None else t.unsqueeze(0)
+    problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
+                              ssm_state, u(out), decode=False)
+    dispatch.run(problem, backend)
+
+
+def mamba2_decode(batch: DecodeBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
+                  dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto") -> None:
+    """One decode token per row for one Mamba-2 layer, the state updated in the cache.
+
+    x: (batch, nheads, headdim); dt: (batch, nheads); B, C: (batch, ngroups, dstate);
+    ssm_state: (nslots, nheads, headdim, dstate); out like x; the rest as in mamba2_prefill.
+    Bit-identical to a one-token prefill from the same state.
+    """
+    device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("batch",))
+    _check_batch(batch, DecodeBatch, device, x.shape[0])
+    dt_limit = check_dt_limit(dt_limit)
+    backend = resolve_backend(backend, device)
+    u = lambda t: None if t is None else t.unsqueeze(1)
+    problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
+                              ssm_state, u(out), decode=True)
+    dispatch.run(problem, backend)
+
+
+def _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis):
+    """u: (dim, ntokens) for prefill, (batch, dim) for decode. Returns (device, ngroups)."""
+    check_tensor("u", u, [("a", None), ("b", None)], FLOAT_DTYPES)
+    dim = u.shape[0] if token_axis == 1 else u.shape[1]
+    check_tensor("delta", delta, [("a", u.shape[0]), ("b", u.shape[1])], FLOAT_DTYPES)
+    check_tensor("A", A, [("dim", dim), ("dstate", None)], F32)
+    dstate = A.shape[1]
+    if token_axis == 1:  # B, C: (ngroups, dstate, ntokens) or (dstate, ntokens)
+        lead = [] if B.ndim == 2 else [("ngroups", None)]
+        b_dims = lead + [("dstate", dstate), ("ntokens", u.shape[1])]
+    else:  # (batch, ngroups, dstate) or (batch, dstate)
+        lead = [("batch", u.shape[0])] + ([] if B.ndim == 2 else [("ngroups", None)])
+        b_dims = lead + [("dstate", dstate)]
+    check_tensor("B", B, b_dims, FLOAT_DTYPES)
+    check_tensor("C", C, [(n, B.shape[i]) for i, (n, _) in enumerate(b_dims)], FLOAT_DTYPES)
+    ngroups = 1 if B.ndim == 2 else B.shape[1 if token_axis == 0 else 0]
+    check_scan_sizes("dim", dim, ngroups, dstate)
+    for name, t in (("D", D), ("delta_bias", delta_bias)):
+        if t is not None:
+            check_tensor(name, t, [("dim", dim)], FLOAT_DTYPES)
+    if z is not None:
+        check_tensor("z", z, [("a", u.shape[0]), ("b", u.shape[1])], FLOAT_DTYPES)
+    _check_cache("ssm_state", ssm_state, [("dim", dim), ("dstate", dstate)])
+    _check_out("out", out, u.shape, u.dtype)
+    device = check_same_device(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
+                               ssm_state=ssm_state, out=out)
+    return device, ngroups
+
+
+def _mamba1_problem(batch, rows, bc, A, D, delta_bias, delta_softplus, ssm_state, decode, ngroups):
+    """rows(t): a (dim, tokens)-like tensor as the scan layout (1 or batch, tokens, G, P)."""
+    grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))
+    states = ssm_state.unflatten(1, (ngroups, -1))
+    x, dt, z, y = rows
+    return ScanProblem(
+        x=x, dt=dt, A=grouped(A), B=bc[0], C=bc[1], D=grouped(D), z=z, dt_bias=grouped(delta_bias),
+        dt_softplus=bool(delta_softplus), dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
+        state_in=states, state_index=batch.state_indices, seqs=batch.seqs, captures=batch.captures,
+        y=y, state_out=states, captured=states,
+        has_initial=None if decode else batch.has_initial,
+        state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
+
+
+def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
+                   delta_softplus=False, backend="auto") -> None:
+    """One Mamba-1 layer's scan over a prefill step (selective_scan_fn's varlen layout).
+
+    u, delta, z, out: (dim, ntokens); A: (dim, dstate) float32; B, C: (dstate, ntokens) or
+    (ngroups, dstate, ntokens); D, delta_bias: (dim,); ssm_state: (nslots, dim, dstate) cache.
+    """
+    device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=1)
+    _check_batch(batch, PrefillBatch, device)
+    backend = resolve_backend(backend, device)
+    rows = lambda t: None if t is None else t.unflatten(0, (ngroups, -1)).permute(2, 0, 1).unsqueeze(0)
+    bc = lambda t: (t.unsqueeze(0) if t.ndim == 2 else t).permute(2, 0, 1).unsqueeze(0)  # (1, T, G, N)
+    dispatch.run(_mamba1_problem(batch, (rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D,
+                                 delta_bias, delta_softplus, ssm_state, False, ngroups), backend)
+
+
+def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
+                  delta_softplus=False, backend="auto") -> None:
+    """One decode token per row for one Mamba-1 layer.
+
+    u, delta, z, out: (batch, dim); B, C: (batch, dstate) or (batch, ngroups, dstate); the rest as
+    in mamba1_prefill.
+    """
+    device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=0)
+    _check_batch(batch, DecodeBatch, device, u.shape[0])
+    backend = resolve_backend(backend, device)
+    rows = lambda t: None if t is None else t.unflatten(1, (ngroups, -1)).unsqueeze(1)  # (batch, 1, G, P)
+    bc = lambda t: (t.unsqueeze(1) if t.ndim == 2 else t).unsqueeze(1)  # (batch, 1, G, N)
+    dispatch.run(_mamba1_problem(batch, (rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D,
+                                 delta_bias, delta_softplus, ssm_state, True, ngroups), backend)
+
+
+def _check_conv(x, weight, bias, conv_state, out, activation):
+    check_tensor("weight", weight, [("dim", None), ("width", None)], FLOAT_DTYPES + (torch.float64,))
+    dim, width = weight.shape
+    if x.shape[0] != dim:
+        raise ValueError(f"x has {x.shape[0]} channels but weight has {dim}")
+    if width < 2:
+        raise ValueError(f"the conv width must be at least 2 to keep a state, got {width}")
+    if bias is not None:
+        check_tensor("bias", bias, [("dim", dim)], FLOAT_DTYPES + (torch.float64,))
+    _check_cache("conv_state", conv_state, [("dim", dim), ("width - 1", width - 1)])
+    _check_out("out", out, x.shape, x.dtype)
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state, out=out)
+
+
+def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, activation=None,
+                 backend="auto") -> None:
+    """One layer's causal conv over a prefill step, conv states in place in the engine's cache.
+
+    Args:
+        x: (dim, ntokens) float32/float16/bfloat16 (any strides), the packed pass.
+        weight: (dim, width); bias: (dim,), optional; activation: None or "silu".
+        conv_state: (nslots, dim, width - 1), any strides: vLLM's (nslots, width - 1, dim)
+            layout is passed as its transpose view. Slot contents are the width - 1 inputs before
+            a position, oldest first; rows read their slot (has_initial_state), final states and
+            captures are written in the cache's dtype.
+        out: like x, written.
+    """
+    check_tensor("x", x, [("dim", None), ("ntokens", None)], FLOAT_DTYPES)
+    device = _check_conv(x, weight, bias, conv_state, out, activation)
+    _check_batch(batch, PrefillBatch, device)
+    backend = resolve_backend(backend, device)
+    seqs = batch.seqs
+    if backend == "triton":
+        # The grid covers the longest possible sequence; the kernel reads true lengths on the device.
+        seqs = dataclasses.replace(seqs, lengths=[x.shape[1]] * seqs.count)
+    problem = ConvProblem(x=x.unsqueeze(0), weight=weight, bias=bias, silu=activation is not None,
+                          state_in=conv_state, seqs=seqs, captures=batch.captures, out=out.unsqueeze(0),
+                          state_out=conv_state, captured=conv_state, state_index=batch.state_indices,
+                          has_initial=batch.has_initial, skip_slot=batch.skip_slot)
+    (run_conv_triton if backend == "triton" else run_conv_torch)(problem)
+
+
+def conv_decode(batch: DecodeBatch, x, weight, bias=None, *, conv_state, out, activation=None,
+                backend="auto") -> None:
+    """One decode token per row through one layer's causal conv, the conv state shifted in place.
+
+    x, out: (batch, dim); conv_state: (nslots, dim, width - 1), any strides; the rest as in
+    conv_prefill. Rows read and write state_indices (a distinct dst_state_indices is not supported
+    here: the conv state is shifted in place).
+    """
+    check_tensor("x", x, [("batch", None), ("dim", None)], FLOAT_DTYPES)
+    device = _check_conv(x.t(), weight, bias, conv_state, out.t() if isinstance(out, torch.Tensor) else out,
+                         activation)
+    _check_batch(batch, DecodeBatch, device, x.shape[0])
+    if batch.dst_state_indices is not None:
+        raise ValueError("conv_decode updates the conv state in place: build its DecodeBatch without dst_state_indices")
+    backend = resolve_backend(backend, device)
+    problem = ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=activation is not None,
+                          state_in=conv_state, seqs=batch.seqs, captures=batch.captures, out=out.unsqueeze(-1),
+                          state_out=conv_state, captured=conv_state, state_index=batch.state_indices,
+                          skip_slot=batch.skip_slot)
+    (run_conv_triton if backend == "triton" else run_conv_torch)(problem)

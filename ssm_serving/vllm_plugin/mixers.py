@@ -1,0 +1,136 @@
+"""vLLM's Mamba mixers' conv + SSM step on ssm_kernels.engine.
+
+`mamba2_conv_ssm_forward` replaces `MambaMixer2.conv_ssm_forward` and `mamba1_forward_impl`
+replaces `MambaMixer.forward_impl`: the same inputs, outputs and cache tensors as vLLM's own, but
+the conv and the scan are this library's, writing the states in place into vLLM's cache blocks,
+with every capture the step asks for (vLLM's prompt-tail checkpoint and the block ends of
+captures.py) written in the same pass. Anything these do not cover (speculative decoding,
+ReplaySSM, the profile run) goes to vLLM's own method.
+"""
+from __future__ import annotations
+
+import torch
+
+from ssm_kernels import engine
+
+from . import captures
+
+# vLLM's own methods, set by install() before these are bound.
+ORIGINAL: dict[str, object] = {}
+
+
+def _layer_metadata(prefix: str):
+    from vllm.forward_context import get_forward_context
+
+    md = get_forward_context().attn_metadata
+    return md.get(prefix) if isinstance(md, dict) else None
+
+
+def _conv_state(layer):
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    # (nblocks, dim, width - 1), whichever layout vLLM keeps (the other is a transpose view).
+    return layer.kv_cache[0] if is_conv_state_dim_first() else layer.kv_cache[0].transpose(-1, -2)
+
+
+def _validate(t: torch.Tensor) -> bool:
+    """Validate batches on the host only where that costs no device sync."""
+    return t.device.type == "cpu"
+
+
+def _prefill_batch(md):
+    """The step's PrefillBatch, built once and shared by every layer of the KV-cache group."""
+    batch = getattr(md, "_ssm_prefill_batch", None)
+    if batch is None:
+        seq, offset, slot = captures.step_captures(md)
+        validate = _validate(md.query_start_loc_p)
+        batch = engine.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
+                                     has_initial_state=md.has_initial_states_p, capture_seq=seq,
+                                     capture_offset=offset, capture_slot=slot,
+                                     skip_slot=engine.PAD_SLOT_ID, validate=validate)
+        md._ssm_prefill_batch = batch
+    return batch
+
+
+def _decode_batch(md):
+    batch = getattr(md, "_ssm_decode_batch", None)
+    if batch is None:
+        slots = md.state_indices_tensor_d[:, 0]
+        # Padded decode rows carry NULL_BLOCK_ID (block 0 is never a request's state).
+        batch = engine.decode_batch(slots, skip_slot=engine.NULL_BLOCK_ID, validate=_validate(slots))
+        md._ssm_decode_batch = batch
+    return batch
+
+
+def mamba2_conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor):
+    md = _layer_metadata(self.prefix)
+    if md is None or self.use_replayssm or self.num_spec > 0:
+        return ORIGINAL["mamba2"](self, projected_states, output)
+    hidden_states_B_C, dt = torch.split(projected_states[..., self.tped_intermediate_size:],
+                                        [self.tped_conv_size, self.tped_dt_size], dim=-1)
+    conv_state, ssm_state = _conv_state(self), self.kv_cache[1]
+    nd, npf = md.num_decode_tokens, md.num_prefill_tokens
+    xbc_d, xbc_p = torch.split(hidden_states_B_C[:nd + npf], [nd, npf], dim=0)
+    dt_d, dt_p = torch.split(dt[:nd + npf], [nd, npf], dim=0)
+    out_d, out_p = torch.split(output[:nd + npf], [nd, npf], dim=0)
+    nheads, ngroups = self.num_heads // self.tp_size, self.n_groups // self.tp_size
+
+    def scan_inputs(xbc, rows):
+        x, B, C = self.split_hidden_states_B_C_fn(xbc)
+        return x.view(rows, nheads, self.head_dim), B.view(rows, ngroups, -1), C.view(rows, ngroups, -1)
+
+    if md.num_prefills > 0:
+        batch = _prefill_batch(md)
+        conv_out = torch.empty_like(xbc_p)  # (tokens, conv_dim); the engine writes its transpose view
+        engine.conv_prefill(batch, xbc_p.t(), self.conv_weights, self.conv1d.bias, conv_state=conv_state,
+                            out=conv_out.t(), activation=self.activation)
+        x, B, C = scan_inputs(conv_out, npf)
+        engine.mamba2_prefill(batch, x, dt_p, self.A, B, C, ssm_state=ssm_state,
+                              out=out_p.view(npf, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
+                              dt_softplus=True, dt_limit=(0.0, float("inf")))
+    if md.num_decodes > 0:
+        batch = _decode_batch(md)
+        conv_out = torch.empty_like(xbc_d)
+        engine.conv_decode(batch, xbc_d, self.conv_weights, self.conv1d.bias, conv_state=conv_state,
+                           out=conv_out, activation=self.activation)
+        x, B, C = scan_inputs(conv_out, nd)
+        engine.mamba2_decode(batch, x, dt_d, self.A, B, C, ssm_state=ssm_state,
+                             out=out_d.view(nd, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
+                             dt_softplus=True, dt_limit=(0.0, float("inf")))
+
+
+def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor):
+    md = _layer_metadata(self.prefix)
+    if md is None or self.is_lora_enabled:
+        return ORIGINAL["mamba1"](self, hidden_states, output)
+    conv_state, ssm_state = _conv_state(self), self.kv_cache[1]
+    projected = self.in_proj(hidden_states)[0].transpose(-2, -1)  # (2 * dim, tokens)
+    xbc, gate = projected.chunk(2, dim=-2)
+    weights = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
+    nd, npf = md.num_decode_tokens, md.num_prefill_tokens
+    dim = xbc.shape[0]
+    time_bias = self._time_proj_bias()
+    outs = []
+    if md.num_decodes > 0:
+        batch = _decode_batch(md)
+        conv_out = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
+        engine.conv_decode(batch, xbc[:, :nd].t(), weights, self.conv1d.bias, conv_state=conv_state,
+                           out=conv_out, activation=self.activation)
+        dt, B, C = self._ssm_transform(conv_out)  # dt: (dim, nd); B, C: (nd, dstate)
+        y = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
+        engine.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y, D=self.D,
+                             z=gate[:, :nd].t(), delta_bias=time_bias, delta_softplus=True)
+        outs.append(y.t())
+    if md.num_prefills > 0:
+        batch = _prefill_batch(md)
+        xbc_p = xbc[:, nd:nd + npf]
+        conv_out = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()  # (dim, tokens)
+        engine.conv_prefill(batch, xbc_p, weights, self.conv1d.bias, conv_state=conv_state, out=conv_out,
+                            activation=self.activation)
+        dt, B, C = self._ssm_transform(conv_out.transpose(-2, -1))  # dt: (dim, tokens); B, C: (tokens, dstate)
+        y = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()
+        engine.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y, D=self.D,
+                              z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True)
+        outs.append(y)
+    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+    output[:nd + npf] = self.out_proj(y.transpose(-2, -1))[0]

@@ -1,0 +1,79 @@
+"""The hybrid model on the chunked scan, served with the planner's grid: passes start and
+snapshots sit on multiples of the chunk size, so every warm request is bit-identical to one cold
+pass, as on the recurrent scan; without the grid, warm restores off it are only close."""
+import pytest
+import torch
+
+from helpers import assert_rel_close
+from planner import POLICIES, multi_turn_chat
+from ssm_serving import Engine, HybridConfig, HybridLM
+from ssm_serving.demo import Incident
+
+CHUNK = 16
+CONFIG = HybridConfig(vocab_size=64, hidden_size=32, num_layers=3, attention_every=2, num_attention_heads=2,
+                      mamba_heads=2, mamba_head_dim=32, state_size=8, mlp_size=48, seed=3,
+                      scan_algorithm="chunked", chunk_size=CHUNK)
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: token-sized ops, one thread
+
+
+@pytest.fixture(scope="module", params=["torch", "triton"])
+def model(request):
+    return HybridLM(CONFIG, backend=request.param)
+
+
+def prompt(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CONFIG.vocab_size, (n,), generator=g).tolist()
+
+
+def test_scan_grid_follows_the_algorithm():
+    assert CONFIG.scan_grid == CHUNK
+    assert HybridConfig().scan_grid == 1
+    assert HybridConfig(scan_algorithm="chunked").scan_grid == 256
+    with pytest.raises(ValueError, match="scan_algorithm must be 'recurrent' or 'chunked', got 'auto'"):
+        HybridConfig(scan_algorithm="auto")
+    with pytest.raises(ValueError, match="chunk_size must be a power of two"):
+        HybridConfig(scan_algorithm="chunked", chunk_size=24)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_incident_on_the_grid_is_bitwise(model, policy):
+    """The incident at 1/256 scale (budget 32, first chunk 33, 132 tokens, block 16), chunk 16."""
+    incident = Incident(256)
+    tokens = prompt(incident.total, seed=7)
+    reference = model.prefill(tokens)
+    engine = Engine(model, policy=policy, **incident.rules())
+    cold = engine.serve(tokens)
+    warm = engine.serve(tokens)
+    assert all(start % CHUNK == 0 for start, _ in cold.passes + warm.passes)
+    assert all(position % CHUNK == 0 for position in cold.snapshots)
+    # the match, 128, is a grid point; split cuts its last chunk at the tail split point, 112
+    assert (warm.restore_point, warm.replayed) == ((112, 20) if policy == "split" else (128, 4))
+    assert torch.equal(cold.logits, reference)
+    assert torch.equal(warm.logits, reference[warm.restore_point:])
+
+
+def test_chat_trace_on_the_grid_is_bitwise(model):
+    trace = multi_turn_chat(conversations=1, turns=3, system_tokens=40, message_tokens=(3, 20),
+                            reply_tokens=(3, 20), vocab_size=CONFIG.vocab_size, seed=1)
+    engine = Engine(model, policy="free", block_size=8, budget=32, interval=2)
+    hits = 0
+    for tokens in trace:
+        result = engine.serve(tokens)
+        hits += result.restore_point > 0
+        assert result.restore_point % CHUNK == 0
+        assert torch.equal(result.logits, model.prefill(tokens)[result.restore_point:])
+    assert hits >= 2
+
+
+def test_off_the_grid_restores_are_close_not_bitwise(model):
+    """grid=1 on the chunked scan: the restore at 72 (block 8) is between chunk boundaries."""
+    tokens = prompt(77, seed=2)
+    reference = model.prefill(tokens)
+    engine = Engine(model, policy="inpass", block_size=8, budget=24, grid=1)
+    engine.serve(tokens)
+    warm = engine.serve(tokens)
+    assert warm.restore_point == 72
+    assert_rel_close(warm.logits, reference[72:].double(), 1e-4, "warm logits off the grid")
