@@ -4,19 +4,23 @@ One program owns one (sequence, head, block of rows) tile of the state and walks
 order, so every token is computed by the same instructions wherever a pass starts or ends:
 splitting a sequence, batching it with others or asking for captures cannot change a bit of its
 output. Captures are served between token segments: the program advances to the next requested
-offset, stores its state tile to the capture buffer, and goes on.
+offset, stores its state tile to the capture buffer, and goes on (one token loop in the code).
 
-The tile is a [J, BLOCK_P, N1] view of BLOCK_P rows x (J * N1) state columns: Triton gives each
-thread one row and a 128-bit run of columns in each of the J slices, so the per-token dot with C
-sums a thread's columns in registers and then over the few lanes that share the row (a handful
-of shuffles, no barrier), and B and C arrive as 128-bit loads. The next token's inputs are loaded
-before the current token's arithmetic, so memory latency stays off the sequential chain.
+The tile is a [R, J, PL, L, V] view of R * PL rows x J * L * V state columns: each thread owns R
+rows and J runs of V columns (a 128-bit load of B and C each, shared by its rows), L lanes share a
+row, so the per-token dot with C sums a thread's columns in registers and then over L lanes (a
+few shuffles). Triton's software pipeline loads the next tokens' inputs while one is computed,
+and each token's lane sum and output run in the next iteration, beside the next token's update.
 
-Mamba-2 (one dt and one A per head): the prefill pass first fills a table of dt' and exp(dt' A)
-per (token, head) (_dt_table_kernel), so the token loop loads two scalars instead of computing a
-softplus and an exp in every program of the head; the decode step computes them inline with
-the same code (discretize_dt, then exp), so both give the same bits. Mamba-1 (dt per channel, A
-per state entry) discretizes per row inside the loop.
+Mamba-2 (one dt and one A per head): a pass first fills a table of dt' and exp(dt' A) per (token,
+head) (_dt_table_kernel), so the token loop loads two scalars instead of computing a softplus and
+an exp in every program of the head; a pass of one token (a decode step) computes them in the
+kernel with the same code (discretize_dt, then exp), which gives the same bits. Mamba-1 (dt per
+channel, A per state entry) discretizes per row inside the loop.
+
+Options for an engine's cache (ScanProblem): states read and written by slot, in the cache's dtype
+(fp32 arithmetic, rounded on store), a separate destination slot, per-row initial-state flags and
+a skip slot for padding rows.
 """
 from __future__ import annotations
 
@@ -316,8 +320,10 @@ def launch_config(headdim: int, dstate: int, input_bits: int) -> tuple[int, int,
     128-bit load of B and C (loaded once, shared by its rows). L = next_power_of_2(dstate) /
     ROW_RUN lanes share a row, so the sum over a row's columns is in registers, then log2(L)
     shuffles; PL = 32 / L rows sit side by side in the warp. One warp per program: the per-token
-    reduction stays inside the warp (no barrier in the token loop), and a layer's tiles are all
+    reduction stays inside the warp (shuffles, no shared memory), and a layer's tiles are all
     resident at once: the recurrence is sequential, so a second wave would double a pass.
+    ROWS_PER_THREAD = 2 (8 rows a warp at dstate 128): the static cost report models 16-row warps
+    slower (more instructions a warp and a longer in-order chain per token).
     """
     block_n = triton.next_power_of_2(dstate)
     v = min(128 // input_bits, ROW_RUN, block_n)  # elements of B and C in one 128-bit load
