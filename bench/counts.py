@@ -51,9 +51,11 @@ class _Counter:
         self.totals[key] += amount * self.weight
 
     def add_access(self, kind, ptrs, mask, elem_bytes):
-        """Bytes of a masked load/store, in total and per storage (by the address it starts at)."""
+        """Bytes of a masked load/store, in total and per storage (by the address it starts at).
+        An address that several elements of one access share (a tile broadcast over some of its
+        axes) counts once: the warps' lanes ask for it in the same instruction."""
         import numpy as np
-        active = np.asarray(ptrs.data)[np.broadcast_to(mask.data, np.shape(ptrs.data))]
+        active = np.unique(np.asarray(ptrs.data)[np.broadcast_to(mask.data, np.shape(ptrs.data))])
         amount = int(np.size(active)) * elem_bytes
         if not amount:
             return

@@ -145,14 +145,14 @@ def check_inplace_target(name: str, t: torch.Tensor) -> torch.Tensor:
 class Sequences:
     """The sequences of one pass.
 
-    cu_seqlens: (nseq + 1,) int64 on the tensors' device: sequence s covers token offsets
-        [cu_seqlens[s], cu_seqlens[s + 1]) of the time axis in varlen mode; in dense mode it is
-        [0, seqlen, 2 * seqlen, ...] and sequence s is batch row s.
-    lengths: the same lengths on the host.
+    cu_seqlens: (nseq + 1,) int64 on the tensors' device in varlen mode: sequence s covers token
+        offsets [cu_seqlens[s], cu_seqlens[s + 1]) of the time axis. None in dense mode, where
+        sequence s is batch row s (no device tensor, so a dense call costs no transfer).
+    lengths: the lengths on the host.
     varlen: whether sequences are packed along the time axis of batch row 0.
     """
 
-    cu_seqlens: torch.Tensor
+    cu_seqlens: torch.Tensor | None
     lengths: list[int]
     varlen: bool
 
@@ -162,15 +162,15 @@ class Sequences:
 
     def spans(self):
         """(batch row, first token, length) of each sequence."""
-        starts = self.cu_seqlens.tolist()
+        start = 0
         for s, length in enumerate(self.lengths):
-            yield (0, starts[s], length) if self.varlen else (s, 0, length)
+            yield (0, start, length) if self.varlen else (s, 0, length)
+            start += length
 
 
 def make_sequences(batch: int, seqlen: int, cu_seqlens, device: torch.device) -> Sequences:
     if cu_seqlens is None:
-        cu = torch.arange(batch + 1, dtype=torch.int64, device=device) * seqlen
-        return Sequences(cu, [seqlen] * batch, varlen=False)
+        return Sequences(None, [seqlen] * batch, varlen=False)
     check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
     if cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}")
@@ -198,12 +198,13 @@ class CaptureTable:
 
     Sequence s owns entries [ptr[s], ptr[s + 1]); entry i asks for the state after offset[i]
     tokens, written to row[i] of the capture buffer (its index in the caller's order).
-    All three are int64 tensors on the tensors' device; `entries` holds the same on the host.
+    All three are int64 tensors on the tensors' device, or None when there is no capture (no
+    transfer for a call without captures); `entries` holds the same on the host.
     """
 
-    ptr: torch.Tensor
-    offset: torch.Tensor
-    row: torch.Tensor
+    ptr: torch.Tensor | None
+    offset: torch.Tensor | None
+    row: torch.Tensor | None
     entries: list[tuple[int, int, int]]  # (sequence, offset, row), sorted
 
     @property
@@ -238,6 +239,9 @@ def _capture_pairs(capture) -> list[tuple[int, int]]:
     return pairs
 
 
+NO_CAPTURES = CaptureTable(None, None, None, [])
+
+
 def make_capture_table(capture, seqs: Sequences, device: torch.device) -> CaptureTable:
     pairs = _capture_pairs(capture)
     for i, (s, k) in enumerate(pairs):
@@ -248,6 +252,8 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
         if k > seqs.lengths[s]:
             raise ValueError(f"capture offset {k} for sequence {s} is past its length {seqs.lengths[s]}")
     entries = sorted((s, k, row) for row, (s, k) in enumerate(pairs))
+    if not entries:
+        return NO_CAPTURES
     counts = [0] * (seqs.count + 1)
     for s, _, _ in entries:
         counts[s + 1] += 1
@@ -277,6 +283,52 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
     if len(set(slots)) != len(slots):
         raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
     return state_indices.to(device=device, dtype=torch.int64)
+
+
+def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int) -> None:
+    """The slots a decode batch reads (state_indices, default 0..batch-1) and writes
+    (dst_state_indices, default the same) in a pool of nslots: in range, or pad_slot_id in
+    state_indices for a padded row; no two live rows writing one slot, and no row writing a slot
+    that another live row reads (the rows run in parallel)."""
+    if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
+        raise TypeError(f"pad_slot_id must be an int or None, got {pad_slot_id!r}")
+    if state_indices is None:
+        if batch > nslots:
+            raise ValueError(f"without state_indices the batch ({batch}) must not exceed state's slots ({nslots})")
+        sources = list(range(batch))
+    else:
+        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+        sources = state_indices.tolist()
+    live = [b for b in range(batch) if sources[b] != pad_slot_id]
+    for b in live:
+        if not 0 <= sources[b] < nslots:
+            raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
+                             + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
+    if dst_state_indices is None:
+        targets = sources
+        name = "state_indices"
+    else:
+        check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
+        if state_indices is not None and dst_state_indices.device != state_indices.device:
+            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
+                             f"{state_indices.device}")
+        targets = dst_state_indices.tolist()
+        name = "dst_state_indices"
+        for b in live:
+            if not 0 <= targets[b] < nslots:
+                raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
+    written = [targets[b] for b in live]
+    if len(set(written)) != len(written):
+        raise ValueError(f"{name} must be distinct over the rows that are not padding: two rows updating one "
+                         "slot would race")
+    readers: dict[int, list[int]] = {}
+    for b in live:
+        readers.setdefault(sources[b], []).append(b)
+    for b in live:
+        other = [a for a in readers.get(targets[b], ()) if a != b]
+        if other:
+            raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is the slot row {other[0]} reads: the rows run in "
+                             "parallel, so the write would race with the read")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,14 +55,18 @@ def representative_calls() -> None:
             for algorithm, chunk in (("recurrent", None), ("chunked", 16), ("chunked", 256)):
                 mamba2_scan(x, dt, A, B, C, backend="triton", algorithm=algorithm, chunk_size=chunk)
                 mamba2_scan(x, dt, A, B, C, **full, backend="triton", algorithm=algorithm, chunk_size=chunk)
-            state = torch.zeros(4, nheads, headdim, dstate)
-            selective_state_update(state, x[0, :2], dt[0, :2], A, B[0, :2], C[0, :2], D=full["D"], z=full["z"][0, :2],
-                                   dt_bias=full["dt_bias"], dt_softplus=True, backend="triton")
+            for state_dtype in (torch.float32, torch.bfloat16):
+                state = torch.zeros(4, nheads, headdim, dstate, dtype=state_dtype)
+                selective_state_update(state, x[0, :2], dt[0, :2], A, B[0, :2], C[0, :2], D=full["D"],
+                                       z=full["z"][0, :2], dt_bias=full["dt_bias"], dt_softplus=True,
+                                       state_indices=torch.tensor([3, -1]), dst_state_indices=torch.tensor([0, 1]),
+                                       pad_slot_id=-1, backend="triton")
         u = torch.randn(2, 64, 30).to(dtype)
-        mamba1_scan(u, torch.randn_like(u), -torch.rand(64, 16), torch.randn(2, 16, 30).to(dtype),
-                    torch.randn(2, 16, 30).to(dtype), D=torch.randn(64), z=torch.randn_like(u),
-                    delta_bias=torch.randn(64), delta_softplus=True, initial_states=torch.randn(2, 64, 16),
-                    capture=[(1, 7)], backend="triton")
+        for algorithm, positions in (("recurrent", None), ("chunked", None), ("chunked", [3, 64])):
+            mamba1_scan(u, torch.randn_like(u), -torch.rand(64, 16), torch.randn(2, 16, 30).to(dtype),
+                        torch.randn(2, 16, 30).to(dtype), D=torch.randn(64), z=torch.randn_like(u),
+                        delta_bias=torch.randn(64), delta_softplus=True, initial_states=torch.randn(2, 64, 16),
+                        capture=[(1, 7)], backend="triton", algorithm=algorithm, start_positions=positions)
         conv_x = torch.randn(1, 96, 50).to(dtype)
         for width in (4, 2):
             weight = torch.randn(96, width)

@@ -22,5 +22,6 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert lines[-1].split()[1:4] == ["kernel", "variants", "compiled"], lines[-1]
     assert lines[-1].endswith("0 differ from the cubin's registers; 0 spill more than 64 B"), lines[-1]
     kernels = {line.split()[1].rstrip(":") for line in lines if line.startswith("ok ")}
-    assert kernels == {"_scan_kernel", "_conv_kernel", "_dt_cumsum_kernel", "_chunk_cb_kernel", "_chunk_state_kernel",
-                       "_state_passing_kernel", "_chunk_output_kernel", "_capture_kernel"}, kernels
+    assert kernels == {"_scan_kernel", "_dt_table_kernel", "_mamba1_chunk_kernel", "_stage_bc_kernel", "_conv_kernel",
+                       "_dt_cumsum_kernel", "_chunk_cb_kernel", "_chunk_state_kernel", "_state_passing_kernel",
+                       "_chunk_output_kernel", "_capture_kernel"}, kernels

@@ -86,20 +86,22 @@ def test_mamba1_plain_varlen(backend, device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_selective_state_update(backend, dtype, device):
+@pytest.mark.parametrize("dtype, state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)])
+def test_selective_state_update(backend, dtype, state_dtype, device):
     kw = mamba2_inputs(3, 1, dtype=dtype, device=device)
     x, dt, B, C, z = (kw[k][:, 0] for k in ("x", "dt", "B", "C", "z"))
-    state = torch.randn(5, 4, 8, 16, device=device)
+    state = torch.randn(5, 4, 8, 16, device=device).to(state_dtype)
     indices = torch.tensor([4, 0, 2], device=device)
     opts = dict(D=kw["D"], z=z, dt_bias=kw["dt_bias"], dt_softplus=True, dt_limit=(0.0, 2.0), state_indices=indices)
     want_state = state.double()
     want_y = selective_state_update_ref(want_state, x, dt, kw["A"], B, C, **opts)
     got_state = state.clone()
     got_y = selective_state_update(got_state, x, dt, kw["A"], B, C, **opts, backend=backend)
-    assert got_y.dtype == dtype and got_y.shape == x.shape
-    assert_rel_close(got_y, want_y, TOLERANCE[dtype], "decode y")
-    assert_rel_close(got_state, want_state, TOLERANCE[dtype], "decode state")
+    assert got_y.dtype == dtype and got_y.shape == x.shape and got_state.dtype == state_dtype
+    tol = max(TOLERANCE[dtype], TOLERANCE[state_dtype])
+    assert_rel_close(got_y, want_y, tol, "decode y")
+    assert_rel_close(got_state, want_state, tol, "decode state")
     untouched = [1, 3]
     assert torch.equal(got_state[untouched], state[untouched])
 

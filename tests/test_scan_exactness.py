@@ -153,3 +153,55 @@ def test_model_size_split_is_bitwise_on_gpu():
     tail_args, tail_kw = slice_time(args, kw, 257, 300)
     tail = mamba2_scan(*tail_args, **dict(tail_kw, initial_states=whole.captured_states))
     assert torch.equal(tail.y, whole.y[:, 257:]) and torch.equal(tail.final_states, whole.final_states)
+
+
+def decode_batch(device, batch=5):
+    """Decode inputs for `batch` rows and the mamba2_scan options they share."""
+    args, kw = mamba2_positional(mamba2_inputs(batch, 1, device=device))
+    return args, dict(D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"], dt_softplus=True)
+
+
+def one_token_pass(args, opts, states, backend):
+    """The one-token mamba2_scan pass that a decode step must reproduce, from float32 states."""
+    return mamba2_scan(*args, **opts, initial_states=states, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("validate", [True, False])
+def test_decode_into_other_slots_with_padding(backend, validate, device):
+    """Rows read state_indices and write dst_state_indices; padded rows touch no state and
+    return zeros; the live rows are a one-token pass, bit for bit."""
+    args, opts = decode_batch(device)
+    x, dt, A, B, C = args
+    pool = torch.randn(9, 4, 8, 16, device=device)
+    src = torch.tensor([5, -1, 1, 3, -1], device=device)
+    dst = torch.tensor([0, 7, 2, 3, 8], device=device)
+    live = [0, 2, 3]
+    scan = one_token_pass(args, opts, pool[src.clamp_min(0)], backend)
+    state = pool.clone()
+    y = selective_state_update(state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], **dict(opts, z=opts["z"][:, 0]),
+                               state_indices=src, dst_state_indices=dst, pad_slot_id=-1, validate=validate,
+                               backend=backend)
+    assert torch.equal(y[live], scan.y[live, 0])
+    assert torch.equal(y[[1, 4]], torch.zeros_like(y[[1, 4]]))
+    assert torch.equal(state[dst[live]], scan.final_states[live])
+    untouched = [1, 4, 5, 6, 7, 8]  # read-only sources, a padded row's dst, unused slots
+    assert torch.equal(state[untouched], pool[untouched])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_with_a_16_bit_state_pool(backend, dtype, device):
+    """A 16-bit pool: y is the one-token pass's from the stored state in float32, and the
+    written state is that pass's final state rounded to the pool's dtype."""
+    args, opts = decode_batch(device, batch=3)
+    x, dt, A, B, C = args
+    pool = torch.randn(4, 4, 8, 16, device=device).to(dtype)
+    slots = torch.tensor([3, 0, 2], device=device)
+    scan = one_token_pass(args, opts, pool[slots].float(), backend)
+    state = pool.clone()
+    y = selective_state_update(state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], **dict(opts, z=opts["z"][:, 0]),
+                               state_indices=slots, backend=backend)
+    assert torch.equal(y, scan.y[:, 0])
+    assert torch.equal(state[slots], scan.final_states.to(dtype))
+    assert torch.equal(state[1], pool[1])

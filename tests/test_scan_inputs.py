@@ -157,6 +157,16 @@ def decode_args(batch=3):
     (dict(state=torch.randn(16, 4, 8, 4).transpose(0, 3)[:, :, :, :16:4].as_strided((4, 4, 8, 16), (1, 1, 1, 1))),
      ValueError, "state has overlapping memory"),
     (dict(state=torch.randn(4, 4, 8, 16, requires_grad=True)), ValueError, r"state requires grad.*state.detach\(\)"),
+    (dict(state_indices=torch.tensor([0, 1, 2]), dst_state_indices=torch.tensor([3, 3, 1])), ValueError,
+     "dst_state_indices must be distinct"),
+    (dict(state_indices=torch.tensor([0, 1, 2]), dst_state_indices=torch.tensor([3, 0, 2])), ValueError,
+     r"dst_state_indices\[1\] = 0 is the slot row 0 reads"),
+    (dict(state_indices=torch.tensor([0, 1, 2]), dst_state_indices=torch.tensor([3, 4, 2])), ValueError,
+     r"dst_state_indices\[1\] = 4 is out of range"),
+    (dict(state_indices=torch.tensor([0, -2, 2]), pad_slot_id=-1), ValueError,
+     r"state_indices\[1\] = -2 is out of range for a state with 4 slots \(and is not pad_slot_id -1\)"),
+    (dict(state_indices=torch.tensor([0, -1, 2]), pad_slot_id=-1.0), TypeError, "pad_slot_id must be an int"),
+    (dict(dst_state_indices=torch.tensor([0, 1])), ValueError, r"dst_state_indices .*batch is 2, expected 3"),
 ])
 def test_selective_state_update_rejects_and_leaves_state_untouched(changes, error, message):
     named = decode_args()
@@ -167,3 +177,15 @@ def test_selective_state_update_rejects_and_leaves_state_untouched(changes, erro
     with pytest.raises(error, match=message):
         selective_state_update(*args, **named)
     assert torch.equal(state, before)
+
+
+def test_padded_rows_may_share_a_pad_slot_and_destination():
+    """Padded rows are not checked for collisions: they write nothing."""
+    named = decode_args()
+    named.update(state_indices=torch.tensor([-1, 1, -1]), dst_state_indices=torch.tensor([0, 2, 0]), pad_slot_id=-1)
+    state = named["state"]
+    before = state.clone()
+    args = [named.pop(k) for k in ("state", "x", "dt", "A", "B", "C")]
+    y = selective_state_update(*args, **named)
+    assert torch.equal(y[[0, 2]], torch.zeros_like(y[[0, 2]]))
+    assert torch.equal(state[[0, 1, 3]], before[[0, 1, 3]]) and not torch.equal(state[2], before[2])

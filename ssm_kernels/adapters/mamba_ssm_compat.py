@@ -48,6 +48,7 @@ from .._common import (FLOAT_DTYPES, check_bool, check_inplace_target, check_sta
                        make_sequences)
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
+from ..scan.mamba2 import STATE_DTYPES
 
 NO_CLAMP = (-math.inf, math.inf)  # selective_state_update: mamba_ssm's decode step never clamps dt
 
@@ -282,9 +283,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 
     When A is broadcast along (dim, dstate) and dt, dt_bias along dim (stride 0: mamba_ssm's
     "tie_hdim" Mamba-2 layout, read from the strides as mamba_ssm does), this is
-    :func:`ssm_kernels.selective_state_update`; otherwise (a Mamba-1 layout, A per channel and
-    state) a one-token :func:`ssm_kernels.mamba1_scan`. A float16/bfloat16 state is updated
-    through a float32 copy of the batch's slots only, rounded back as mamba_ssm's kernel stores it.
+    :func:`ssm_kernels.selective_state_update`, which updates a float16/bfloat16 state in place
+    (float32 arithmetic, stored rounded as mamba_ssm's kernel stores it); otherwise (a Mamba-1
+    layout, A per channel and state) a one-token :func:`ssm_kernels.mamba1_scan`, with a
+    float16/bfloat16 state updated through a float32 copy of the batch's slots only.
 
     Returns:
         out, like x, in x's dtype.
@@ -321,7 +323,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     slots = check_state_indices(state_batch_indices, batch, state.shape[0], "state", state.device,
                                 name="state_batch_indices")
 
-    if state.dtype == torch.float32:
+    if state.dtype == torch.float32 or (tied and state.dtype in STATE_DTYPES):
         pool, rows = state, slots
     else:  # the batch's slots only: O(batch) work whatever the pool's size
         pool, rows = state[slots].float(), None

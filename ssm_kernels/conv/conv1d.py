@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_inplace_target, check_same_device, check_state_indices, check_tensor,
-                       make_capture_table, make_sequences, new_output, resolve_backend)
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_inplace_target, check_same_device,
+                       check_state_indices, check_tensor, make_capture_table, make_sequences, new_output,
+                       resolve_backend)
 from .problem import ConvProblem, ConvResult
 from .torch_kernel import run_torch
 from .triton_kernel import run_triton
@@ -73,7 +74,7 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
 
     Returns:
-        ConvResult(out: like x in x's dtype, final_states: (nseq, dim, width - 1),
+        ConvResult(out: like x in x's dtype (channels contiguous if x's are), final_states: (nseq, dim, width - 1),
         captured_states: (ncapture, dim, width - 1), both in x's dtype).
 
     Exact: a sequence gives bit-identical outputs and states however it is split into passes
@@ -88,7 +89,10 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
     captures = make_capture_table(capture, seqs, device)
     backend = resolve_backend(backend, device)
 
-    out = new_output(*x.shape, dtype=x.dtype, device=device)
+    if x.stride(1) == 1 and x.stride(2) != 1:  # channels contiguous: out too, so its stores vectorize
+        out = new_output(x.shape[0], x.shape[2], dim, dtype=x.dtype, device=device).transpose(1, 2)
+    else:
+        out = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, dim, width - 1, dtype=x.dtype, device=device)
     captured = new_output(captures.count, dim, width - 1, dtype=x.dtype, device=device)
     _run(ConvProblem(x=x, weight=weight, bias=bias, silu=silu, state_in=initial_states, seqs=seqs,
@@ -118,18 +122,13 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
     device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
                                state_indices=state_indices)
     batch = x.shape[0]
-    slots = check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state", device)
-    seqs = make_sequences(batch, 1, None, device)
-    captures = make_capture_table(None, seqs, device)
+    check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state", device)
+    seqs = Sequences(None, [1] * batch, varlen=False)
     backend = resolve_backend(backend, device)
 
     out = new_output(batch, dim, 1, dtype=x.dtype, device=device)
-    final_states = new_output(batch, dim, width - 1, dtype=x.dtype, device=device)
-    no_captures = new_output(0, dim, width - 1, dtype=x.dtype, device=device)
-    # The pass reads a gathered copy and writes a new buffer, so no program overwrites inputs
-    # another one still reads; the scatter back is an exact copy.
-    _run(ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=silu, state_in=conv_state[slots],
-                     seqs=seqs, captures=captures, out=out, state_out=final_states, captured=no_captures),
-         backend)
-    conv_state.index_copy_(0, slots, final_states)
+    # In place by slot: each row's program reads its slot before it overwrites it.
+    _run(ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=silu, state_in=conv_state, seqs=seqs,
+                     captures=NO_CAPTURES, out=out, state_out=conv_state, captured=conv_state[:0],
+                     state_index=state_indices), backend)
     return out[:, :, 0]

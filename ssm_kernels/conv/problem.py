@@ -33,12 +33,14 @@ class ConvProblem:
     x: (batch, dim, seqlen); weight: (dim, width); bias: (dim,) or None.
     state_in: (nseq, dim, width - 1) in x's dtype, or None for zeros.
     out: like x; state_out: (nseq, dim, width - 1); captured: (ncapture, dim, width - 1).
-    Engine options (ssm_kernels.engine), all off by default:
-        state_index: (nseq,) int64 or None: sequence s reads state_in[state_index[s]] and writes
-            state_out[state_index[s]] (both then a pool of slots, possibly the same tensor).
+    Options for an engine's cache (all off by default):
+        state_index: (nseq,) int32/int64 or None: sequence s reads state_in[state_index[s]] and
+            writes state_out[state_index[s]] (a pool of slots, possibly the same tensor: the
+            kernels read a slot before they overwrite it).
         has_initial: (nseq,) bool or None: where False, sequence s starts from zero inputs.
-        skip_slot: an int or None: a sequence whose state_index is skip_slot is not computed
-            and writes nothing; a capture whose row is skip_slot is not written.
+        skip_slot: int or None: a sequence whose state_index is skip_slot (an engine's padding
+            row) reads and writes nothing; so does a capture whose row is skip_slot.
+        State tensors may then have another float dtype than x: stored rounded to it.
     """
 
     x: torch.Tensor

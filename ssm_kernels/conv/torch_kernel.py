@@ -21,21 +21,21 @@ def run_torch(p: ConvProblem) -> None:
     bias = p.bias.float() if p.bias is not None else None
     captures = p.captures.entries  # sorted by (sequence, offset)
     slots = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
-    has_initial = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
+    starts = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
     c = 0
     for s, (b, start, length) in enumerate(p.seqs.spans()):
         slot = slots[s]
-        if p.skip_slot is not None and slot == p.skip_slot:
+        if p.skip_slot is not None and slot == p.skip_slot:  # a skipped row: nothing read or written
             while c < len(captures) and captures[c][0] == s:
                 c += 1
             continue
-        if p.state_in is not None and has_initial[s]:
+        if p.state_in is not None and starts[s]:
             init = p.state_in[slot].to(p.x.dtype)
         else:
             init = p.x.new_zeros(dim, width - 1)
         xin = torch.cat([init, p.x[b, :, start:start + length]], dim=1)  # (dim, width - 1 + length)
-        # The state at offset k is xin[:, k:k + width - 1]: the width - 1 inputs before k.
-        # (xin is a new tensor, so writing the state in place below cannot change it.)
+        # The state at offset k is xin[:, k:k + width - 1]: the width - 1 inputs before k. (xin is
+        # a new tensor: writing a state in place below cannot change it.)
         p.state_out[slot] = xin[:, length:]
         while c < len(captures) and captures[c][0] == s:
             _, k, row = captures[c]

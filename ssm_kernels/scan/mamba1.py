@@ -7,7 +7,7 @@ import torch
 
 from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, make_capture_table,
                        make_sequences, new_output, resolve_backend)
-from . import dispatch
+from . import chunked, dispatch, mamba1_chunked
 from .problem import ScanProblem, check_scan_sizes
 
 F32 = (torch.float32,)
@@ -19,7 +19,8 @@ def _as_rows(t, ngroups):
 
 
 def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
-                initial_states=None, cu_seqlens=None, capture=None, backend="auto") -> ScanResult:
+                initial_states=None, cu_seqlens=None, capture=None, backend="auto", algorithm="recurrent",
+                chunk_size=None, start_positions=None) -> ScanResult:
     """Selective scan in mamba_ssm's selective_scan_fn layout, with in-pass captures.
 
     Per channel d (group g = d // (dim // ngroups)) and token t:
@@ -36,12 +37,24 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
         z: (batch, dim, seqlen), optional gate.
         initial_states: (nseq, dim, dstate) float32, optional (zeros).
         cu_seqlens, capture, backend: as in mamba2_scan (sequences packed along seqlen).
+        algorithm: "recurrent" (default; exact at any split, one token at a time), "chunked"
+            (parallel in time: exact at splits on its chunk grid) or "auto" (recurrent on CPU; on
+            CUDA chunked from ssm_kernels.scan.mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS tokens).
+            See ssm_kernels.scan.mamba1_chunked.
+        chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 256
+            (default 64). Ignored by "recurrent".
+        start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
+            position of each sequence's first token in this pass (default 0). The chunked
+            algorithm puts its chunk boundaries at the multiples of chunk_size of these absolute
+            positions; "recurrent" does not need them.
 
     Returns:
         ScanResult(y: (batch, dim, seqlen) in u's dtype, final_states: (nseq, dim, dstate) float32,
         captured_states: (ncapture, dim, dstate) float32).
 
-    Exact across splits, batching and captures, as mamba2_scan.
+    Exact (algorithm="recurrent") across splits, batching and captures, as mamba2_scan. The
+    chunked algorithm keeps batching and captures bitwise, and splits at multiples of chunk_size
+    (absolute positions): a pass that starts there continues one longer pass bit for bit.
     """
     check_tensor("u", u, [("batch", None), ("dim", None), ("seqlen", None)], FLOAT_DTYPES)
     batch, dim, seqlen = u.shape
@@ -70,6 +83,9 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
                      [("nseq", seqs.count), ("dim", dim), ("dstate", dstate)], F32)
     captures = make_capture_table(capture, seqs, device)
     backend = resolve_backend(backend, device)
+    algorithm = mamba1_chunked.resolve_algorithm(algorithm, device, seqs)
+    chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
+    start_positions = chunked.check_start_positions(start_positions, seqs)
 
     y = new_output(*u.shape, dtype=u.dtype, device=device)
     final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device)
@@ -77,11 +93,15 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))  # (dim, ...) -> (G, P, ...)
     bc_rows = lambda t: (t.unsqueeze(1) if t.ndim == 3 else t).permute(0, 3, 1, 2)  # (batch, seqlen, G, N)
     states = lambda t: None if t is None else t.unflatten(1, (ngroups, -1))
-    dispatch.run(ScanProblem(
+    problem = ScanProblem(
         x=_as_rows(u, ngroups), dt=_as_rows(delta, ngroups), A=grouped(A), B=bc_rows(B), C=bc_rows(C),
         D=grouped(D), z=None if z is None else _as_rows(z, ngroups), dt_bias=grouped(delta_bias),
         dt_softplus=delta_softplus, dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
         state_in=states(initial_states), state_index=None, seqs=seqs, captures=captures,
         y=_as_rows(y, ngroups), state_out=states(final_states), captured=states(captured),
-    ), backend)
+    )
+    if algorithm == "chunked":
+        mamba1_chunked.run(problem, backend, chunk_size, start_positions)
+    else:
+        dispatch.run(problem, backend)
     return ScanResult(y, final_states, captured)

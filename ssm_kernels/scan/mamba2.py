@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_dt_limit, check_inplace_target, check_same_device,
-                       check_state_indices, check_tensor, make_capture_table, make_sequences, new_output,
-                       resolve_backend)
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, ScanResult, Sequences, check_bool, check_decode_slots,
+                       check_dt_limit, check_inplace_target, check_same_device, check_tensor, make_capture_table,
+                       make_sequences, new_output, resolve_backend)
 from . import chunked
 from . import dispatch
 from .problem import ScanProblem, check_scan_sizes
@@ -137,40 +137,69 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     return ScanResult(y, final_states, captured)
 
 
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           dt_limit=(0.0, math.inf), state_indices=None, backend="auto") -> torch.Tensor:
-    """One decode token for each batch row (Mamba-2 layout), updating `state` in place.
+                           dt_limit=(0.0, math.inf), state_indices=None, dst_state_indices=None,
+                           pad_slot_id=None, validate=True, backend="auto") -> torch.Tensor:
+    """One decode token for each batch row (Mamba-2 layout), updating a state pool in place.
 
     Args:
-        state: (nslots, nheads, headdim, dstate) float32, updated in place (any strides, but no
-            overlapping memory, and not requiring grad).
+        state: (nslots, nheads, headdim, dstate) float32, bfloat16 or float16: a pool of slots
+            (any strides, but no overlapping memory, and not requiring grad). Row b reads slot
+            state_indices[b] and writes slot dst_state_indices[b]. The update runs in float32;
+            a 16-bit pool is read into float32 and stored rounded.
         x: (batch, nheads, headdim); dt: (batch, nheads); A: (nheads,) float32;
         B, C: (batch, ngroups, dstate); D: (nheads,) or (nheads, headdim); z: like x;
         dt_bias: (nheads,); dt_softplus and dt_limit as in mamba2_scan.
-        state_indices: (batch,) int32/int64, distinct slots of `state` (default 0..batch-1).
+        state_indices: (batch,) int32/int64, the slots read (default 0..batch-1).
+        dst_state_indices: (batch,) int32/int64, the slots written (default: state_indices).
+        pad_slot_id: an int, or None: a row whose state_indices entry equals it is padding: it
+            reads and writes no state and its y is zeros.
+        validate: check every argument, index ranges included (the indices are read on the
+            host: one device sync on CUDA). False skips all checks and host work, for engines
+            that already validated; invalid input is then undefined behaviour.
         backend: as in mamba2_scan.
+
+    Validation refuses destinations that collide (two rows writing one slot), a destination
+    that is another row's source, and a state whose slots overlap in memory (an expanded
+    view): the rows run in parallel, so any of these would race.
 
     Returns:
         y: (batch, nheads, headdim) in x's dtype.
 
-    Bit-identical to a one-token mamba2_scan pass from the same state.
+    Exact: with a float32 pool, bit-identical to a one-token mamba2_scan pass from the same
+    state (y and the written state), so it continues a prefill bit for bit. With a 16-bit pool,
+    y is the one-token pass's from the stored state upcast to float32, and the written state is
+    that pass's final state rounded to the pool's dtype: each decode step rounds the state once,
+    so n decode steps are not an n-token pass.
     """
-    nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
-    check_bool("dt_softplus", dt_softplus)
-    dt_limit = check_dt_limit(dt_limit)
-    check_tensor("state", state, [("nslots", None), ("nheads", nheads), ("headdim", headdim),
-                                  ("dstate", dstate)], F32)
-    check_inplace_target("state", state)
-    device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                               state_indices=state_indices)
-    slots = check_state_indices(state_indices, x.shape[0], state.shape[0], "state", device)
-    seqs = make_sequences(x.shape[0], 1, None, device)
-    captures = make_capture_table(None, seqs, device)
-    backend = resolve_backend(backend, device)
-
-    y = new_output(x.shape[0], 1, nheads, headdim, dtype=x.dtype, device=device)
-    no_captures = new_output(0, nheads, headdim, dstate, dtype=torch.float32, device=device)
-    dispatch.run(_problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
-                          None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
-                          state, slots, seqs, captures, y, state, no_captures), backend)
+    if validate:
+        nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
+        check_bool("dt_softplus", dt_softplus)
+        dt_limit = check_dt_limit(dt_limit)
+        check_tensor("state", state, [("nslots", None), ("nheads", nheads), ("headdim", headdim),
+                                      ("dstate", dstate)], STATE_DTYPES)
+        check_inplace_target("state", state)
+        device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                   state_indices=state_indices, dst_state_indices=dst_state_indices)
+        check_decode_slots(state_indices, dst_state_indices, pad_slot_id, x.shape[0], state.shape[0])
+        backend = resolve_backend(backend, device)
+    else:
+        nheads, headdim = x.shape[-2:]
+        dt_limit = tuple(float(v) for v in dt_limit)
+        backend = resolve_backend(backend, x.device)
+    batch = x.shape[0]
+    if pad_slot_id is None:
+        y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
+    else:  # padded rows write nothing: their y stays zero
+        y = torch.zeros(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
+    problem = _problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
+                       None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
+                       state, state_indices, Sequences(None, [1] * batch, varlen=False), NO_CAPTURES,
+                       y, state, state[:0])
+    problem.state_out_index = dst_state_indices
+    problem.skip_slot = pad_slot_id
+    dispatch.run(problem, backend)
     return y[:, 0]

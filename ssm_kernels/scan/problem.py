@@ -40,21 +40,21 @@ class ScanProblem:
             (Mamba-2: one decay per head); with True every entry is (Mamba-1).
         B, C: (batch, seqlen, ngroups, dstate); head h uses group h // (nheads // ngroups).
         D, dt_bias: (nheads, headdim) or None.
-        state_in: (nslots, nheads, headdim, dstate) float32, or None for zero initial states.
-        state_index: (nseq,) int64 or None: sequence s reads state_in[state_index[s]] and
-            writes state_out[state_index[s]]; None means slot s.
-    Outputs (written by the backend):
-        y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32;
-        captured: (ncapture, nheads, headdim, dstate) float32.
-    Engine options (ssm_kernels.engine), all off by default:
+        state_in: (nslots, nheads, headdim, dstate) float32 (bfloat16 or float16 for a decode
+            state pool), or None for zero initial states.
+        state_index: (nseq,) int32/int64 or None: sequence s reads state_in[state_index[s]]
+            and writes state_out[state_index[s]]; None means slot s.
+        state_out_index: (nseq,) int32/int64 or None: sequence s writes state_out[state_out_index[s]]
+            instead (decode into another slot).
         has_initial: (nseq,) bool or None: where False, sequence s starts from zeros instead of
             reading state_in.
-        state_out_index: (nseq,) int64 or None: sequence s writes state_out[state_out_index[s]]
-            (default: state_index).
-        skip_slot: an int or None: a sequence whose state_index is skip_slot is not computed
-            and writes nothing; a capture whose row is skip_slot is not written.
-        State tensors (state_in, state_out, captured) may then be float32, float16 or bfloat16:
-        the state is loaded into float32 and rounded to the tensor's dtype on store.
+        skip_slot: int or None: a sequence whose state_index is skip_slot (an engine's padding
+            row) reads and writes nothing, y and captures included; so does a capture whose row
+            is skip_slot (an engine declining it).
+    Outputs (written by the backend):
+        y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32
+            (or state_in's dtype for a decode state pool: stored rounded, computed in float32);
+        captured: (ncapture, nheads, headdim, dstate) float32.
     """
 
     x: torch.Tensor
@@ -76,8 +76,8 @@ class ScanProblem:
     y: torch.Tensor
     state_out: torch.Tensor
     captured: torch.Tensor
-    has_initial: torch.Tensor | None = None
     state_out_index: torch.Tensor | None = None
+    has_initial: torch.Tensor | None = None
     skip_slot: int | None = None
 
     @property

@@ -51,19 +51,18 @@ def run_torch(p: ScanProblem) -> None:
     A = p.A.float() if p.a_per_state else p.A[:, :, 0].float()
     D = p.D.float() if p.D is not None else None
     dt_bias = p.dt_bias.float() if p.dt_bias is not None else None
-    slots = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
-    out_slots = p.state_out_index.tolist() if p.state_out_index is not None else slots
-    has_initial = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
+    sources = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
+    targets = p.state_out_index.tolist() if p.state_out_index is not None else sources
+    starts = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
     captures = p.captures.entries  # sorted by (sequence, offset)
     c = 0
     for s, (b, start, length) in enumerate(p.seqs.spans()):
-        slot = slots[s]
-        if p.skip_slot is not None and slot == p.skip_slot:
+        if p.skip_slot is not None and sources[s] == p.skip_slot:  # a skipped row: nothing read or written
             while c < len(captures) and captures[c][0] == s:
                 c += 1
             continue
-        if p.state_in is not None and has_initial[s]:
-            state = p.state_in[slot].float().clone()
+        if p.state_in is not None and starts[s]:
+            state = p.state_in[sources[s]].float()
         else:
             state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
         for k in range(length + 1):
@@ -78,4 +77,4 @@ def run_torch(p: ScanProblem) -> None:
                 state, p.x[b, t], p.dt[b, t], p.B[b, t, group_of_head], p.C[b, t, group_of_head],
                 p.z[b, t] if p.z is not None else None, A, D, dt_bias, p)
             p.y[b, t] = y
-        p.state_out[out_slots[s]] = state  # rounded to state_out's dtype
+        p.state_out[targets[s]] = state  # rounded to the pool's dtype if it is a 16-bit one

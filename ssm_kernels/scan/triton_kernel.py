@@ -1,60 +1,179 @@
-"""Recurrent selective scan in Triton, with in-pass state capture.
+"""Recurrent selective scan in Triton, with in-pass state capture; also the decode step.
 
-One program owns one (sequence, head, block of headdim rows) tile of the state and walks its
-tokens in order, so every token is computed by the same instructions wherever a pass starts or
-ends: splitting a sequence, batching it with others or asking for captures cannot change a bit
-of its output. Captures are served between token segments: the program advances to the next
-requested offset, stores its state tile to the capture buffer, and goes on.
+One program owns one (sequence, head, block of rows) tile of the state and walks its tokens in
+order, so every token is computed by the same instructions wherever a pass starts or ends:
+splitting a sequence, batching it with others or asking for captures cannot change a bit of its
+output. Captures are served between token segments: the program advances to the next requested
+offset, stores its state tile to the capture buffer, and goes on (one token loop in the code).
+
+The tile is a [R, J, PL, L, V] view of R * PL rows x J * L * V state columns: each thread owns R
+rows and J runs of V columns (a 128-bit load of B and C each, shared by its rows), L lanes share a
+row, so the per-token dot with C sums a thread's columns in registers and then over L lanes (a
+few shuffles). Triton's software pipeline loads the next tokens' inputs while one is computed,
+and each token's lane sum and output run in the next iteration, beside the next token's update.
+
+Mamba-2 (one dt and one A per head): a pass first fills a table of dt' and exp(dt' A) per (token,
+head) (_dt_table_kernel), so the token loop loads two scalars instead of computing a softplus and
+an exp in every program of the head; a pass of one token (a decode step) computes them in the
+kernel with the same code (discretize_dt, then exp), which gives the same bits. Mamba-1 (dt per
+channel, A per state entry) discretizes per row inside the loop.
+
+Options for an engine's cache (ScanProblem): states read and written by slot, in the cache's dtype
+(fp32 arithmetic, rounded on store), a separate destination slot, per-row initial-state flags and
+a skip slot for padding rows.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .._triton import discretize_dt, ptr_or, sequence_span, strides_or_zeros
+from .._triton import as_f32, cast_for_store, discretize_dt, ptr_or, sequence_span, strides_or_zeros
 from .problem import ScanProblem
 
-# The launch configuration is a function of the model dimensions alone: one that changed with
-# sequence length or batch would change the instruction stream and break the bitwise split
-# invariance the prefix cache relies on. See launch_config for the choice itself.
+# The launch configuration is a function of the model dimensions and input dtype alone: one
+# that changed with sequence length or batch would change the instruction stream and break the
+# bitwise split invariance the prefix cache relies on. See launch_config for the choice itself.
+
+
+@triton.jit
+def _dt_table_kernel(dt_ptr, A_ptr, dt_bias_ptr, table_ptr, seqlen, nheads, dt_min, dt_max,
+                     s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
+                     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """table[b, t, h] = (dt', exp(dt' A[h])) in fp32, for every token of a Mamba-2 pass."""
+    i_t = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    o_t = (i_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    o_h = tl.arange(0, BLOCK_H)
+    m_h = o_h < nheads
+    m = (o_t < seqlen)[:, None] & m_h[None, :]
+    b_dt = tl.load(dt_ptr + i_b * s_dt_b + o_t[:, None] * s_dt_t + o_h[None, :] * s_dt_h,
+                   mask=m, other=0.0).to(tl.float32)  # [BT, BH]
+    b_bias = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if HAS_DT_BIAS:
+        b_bias = tl.load(dt_bias_ptr + o_h * s_bias_h, mask=m_h, other=0.0).to(tl.float32)
+    b_dt = discretize_dt(b_dt, b_bias[None, :], dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
+    b_A = tl.load(A_ptr + o_h * s_A_h, mask=m_h, other=0.0).to(tl.float32)
+    p_tab = table_ptr + ((i_b * seqlen + o_t[:, None]) * nheads + o_h[None, :]) * 2
+    tl.store(p_tab, b_dt, mask=m)
+    tl.store(p_tab + 1, tl.exp(b_dt * b_A[None, :]), mask=m)
+
+
+@triton.jit
+def _load(p, mask):
+    """tl.load with a mask, or none when `mask` is None (a full tile: no predicates)."""
+    if mask is None:
+        v = tl.load(p)
+    else:
+        v = tl.load(p, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def _rows(v, ROW_PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
+    """Per-row values [R, 1, PL, 1, 1] in fp32. With ROW_PAIRS, `v` [R // 2, 1, PL, 1, 1] holds
+    32-bit words of a thread's adjacent 16-bit rows (2w, 2w + 1): loads of 4 bytes, which the
+    software pipeline can issue asynchronously (2-byte loads it cannot)."""
+    if ROW_PAIRS:
+        w: tl.constexpr = v.shape[0]
+        pairs = as_f32(tl.reshape(v, [w, v.shape[2], 1]), True, IS_BF16)  # [w, PL, 2]
+        out = tl.reshape(tl.permute(pairs, (0, 2, 1)), [2 * w, 1, v.shape[2], 1, 1])
+    else:
+        out = v.to(tl.float32)
+    return out
+
+
+@triton.jit
+def _load_token(t, m_row, m_col, live, p_x, p_dt, p_tab, p_B, p_C, p_z,
+                s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t,
+                HAS_Z: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
+                ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr):
+    """Token t's inputs: x, z [R, 1, PL, 1, 1] in their dtype, dt (a scalar for Mamba-2, the
+    table's (dt', exp(dt' A)) pair with DT_TABLE, per row for Mamba-1) and B, C [1, J, PL, L, V]
+    (or their 32-bit words). m_row, m_col mask rows and columns (None: all valid); scalars are
+    read where `live`."""
+    b_x = _rows(_load(p_x + t * s_x_t, m_row), ROW_PAIRS, IS_BF16_X)
+    b_z = b_x
+    if HAS_Z:
+        b_z = _rows(_load(p_z + t * s_z_t, m_row), ROW_PAIRS, IS_BF16_X)
+    if A_PER_STATE:
+        b_dt = _load(p_dt + t * s_dt_t, m_row)
+        b_dA = b_dt
+    elif DT_TABLE:
+        b_dt = tl.load(p_tab + t * s_tab_t, mask=live, other=0.0)
+        b_dA = tl.load(p_tab + t * s_tab_t + 1, mask=live, other=0.0)
+    else:
+        b_dt = tl.load(p_dt + t * s_dt_t, mask=live, other=0.0)
+        b_dA = b_dt
+    b_B = _load(p_B + t * s_B_t, m_col)
+    b_C = _load(p_C + t * s_C_t, m_col)
+    return b_x, b_z, b_dt, b_dA, b_B, b_C
+
+
+@triton.jit
+def _finish(b_yp, b_x, b_z, b_D, p_y, m_y, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Store one token's y: the lanes' partial sums b_yp [R, 1, PL, L, 1] summed over the row's
+    lanes, + D x, gated by silu(z), where m_y [R * PL]. After the lane sum the rows are a 1-D
+    block, which Triton spreads over the lanes: the rest runs once per row, not once per lane."""
+    rows: tl.constexpr = b_yp.shape[0] * b_yp.shape[2]
+    b_y = tl.reshape(tl.sum(b_yp, axis=3), [rows])
+    if HAS_D:
+        b_y += tl.reshape(b_D, [rows]) * tl.reshape(b_x, [rows]).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.reshape(b_z, [rows]).to(tl.float32)
+        b_y = b_y * b_z * tl.sigmoid(b_z)
+    p_y = tl.reshape(p_y, [rows])
+    tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty), mask=m_y)
 
 
 @triton.jit
 def _advance(state, t_lo, t_hi,
-             p_x, p_dt, p_B, p_C, p_z, p_y,
-             s_x_t, s_dt_t, s_B_t, s_C_t, s_z_t, s_y_t,
-             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
+             p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
+             s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t, s_y_t,
+             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n, m_rows,
              HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-             DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr):
-    """Consume tokens [t_lo, t_hi) of the tile's sequence; return the state after them."""
-    for t in range(t_lo, t_hi):
-        b_x = tl.load(p_x + t * s_x_t, mask=m_p, other=0.0).to(tl.float32)  # [BP]
-        b_dt = tl.load(p_dt + t * s_dt_t, mask=m_p, other=0.0).to(tl.float32)  # [BP]
-        b_dt = discretize_dt(b_dt, b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
-        b_B = tl.load(p_B + t * s_B_t, mask=m_n, other=0.0).to(tl.float32)  # [BN]
-        b_C = tl.load(p_C + t * s_C_t, mask=m_n, other=0.0).to(tl.float32)  # [BN]
-        if A_PER_STATE:
-            b_dA = tl.exp(b_dt[:, None] * b_A)  # [BP, BN]
-        else:
-            b_dA = tl.exp(b_dt * b_A)[:, None]  # [BP, 1]
-        state = state * b_dA + (b_dt * b_x)[:, None] * b_B[None, :]
-        b_y = tl.sum(state * b_C[None, :], axis=1)  # [BP]
-        if HAS_D:
-            b_y += b_D * b_x
-        if HAS_Z:
-            b_z = tl.load(p_z + t * s_z_t, mask=m_p, other=0.0).to(tl.float32)
-            b_y = b_y * b_z * tl.sigmoid(b_z)
-        tl.store(p_y + t * s_y_t, b_y.to(p_y.dtype.element_ty), mask=m_p)
+             DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
+             EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+             ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr, STAGES: tl.constexpr):
+    """Consume tokens [t_lo, t_hi) of the tile's sequence; return the state after them.
+
+    Memory latency stays off the sequential chain: Triton's software pipeline (STAGES) loads the
+    inputs of the next tokens asynchronously (cp.async into shared memory) while a token is
+    computed; 16-bit rows are read in pairs so that every load is one it can issue that way.
+    Token t's sum over its row's lanes and its output run in the next iteration, beside token
+    t + 1's update. m_rows [R * PL] masks rows of the 1-D output block."""
+    some = t_lo < t_hi
+    # The previous token's lane partials, x and z (nothing before t_lo: its store is masked).
+    b_yp = tl.zeros([state.shape[0], 1, state.shape[2], state.shape[3], 1], dtype=tl.float32)
+    prev_x = tl.zeros([state.shape[0], 1, state.shape[2], 1, 1], dtype=tl.float32)
+    prev_z = prev_x
+    for t in tl.range(t_lo, t_hi, num_stages=STAGES):
+        b_x, b_z, b_dt, b_dA, b_B, b_C = _load_token(
+            t, None if EVEN_P else m_p, None if EVEN_N else m_n, True, p_x, p_dt, p_tab, p_B, p_C, p_z,
+            s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t, HAS_Z, A_PER_STATE, DT_TABLE, ROW_PAIRS, IS_BF16_X)
+        b_xf = b_x
+        if A_PER_STATE:  # Mamba-1: dt' per row, a decay per state entry
+            b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
+            b_dA = tl.exp(b_dt * b_A)  # [R, J, PL, L, V]
+        elif not DT_TABLE:  # Mamba-2 decode: dt' and the decay of the head, as _dt_table_kernel
+            b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
+            b_dA = tl.exp(b_dt * b_A)
+        state = state * b_dA + (b_dt * b_xf) * as_f32(b_B, PAIRS, IS_BF16)
+        # y's sum over the state columns, in-thread part: the J runs, then the thread's run.
+        b_yp_t = tl.sum(tl.sum(state * as_f32(b_C, PAIRS, IS_BF16), axis=1, keep_dims=True), axis=4, keep_dims=True)
+        _finish(b_yp, prev_x, prev_z, b_D, p_y + (t - 1) * s_y_t, tl.where(t > t_lo, m_rows, False), HAS_D, HAS_Z)
+        b_yp, prev_x, prev_z = b_yp_t, b_x, b_z
+    _finish(b_yp, prev_x, prev_z, b_D, p_y + (t_hi - 1) * s_y_t, tl.where(some, m_rows, False), HAS_D, HAS_Z)
     return state
 
 
 @triton.jit
 def _scan_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr,
-    state_in_ptr, state_out_ptr, state_index_ptr, y_ptr, captured_ptr,
+    x_ptr, dt_ptr, table_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr,
+    state_in_ptr, state_out_ptr, slot_in_ptr, slot_out_ptr, has_initial_ptr, y_ptr, captured_ptr,
     cu_seqlens_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
-    has_initial_ptr, state_out_index_ptr, skip_slot,
-    headdim, dstate, heads_per_group, dt_min, dt_max,
+    seqlen, nheads, headdim, dstate, heads_per_group, dt_min, dt_max, skip_slot,
     s_x_b, s_x_t, s_x_h, s_x_p,
     s_dt_b, s_dt_t, s_dt_h, s_dt_p,
     s_A_h, s_A_p, s_A_n,
@@ -68,136 +187,226 @@ def _scan_kernel(
     s_out_s, s_out_h, s_out_p, s_out_n,
     s_cap_r, s_cap_h, s_cap_p, s_cap_n,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr, HAS_STATE_INDEX: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
-    HAS_INITIAL_FLAGS: tl.constexpr, HAS_OUT_INDEX: tl.constexpr, HAS_SKIP: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_SLOT_OUT: tl.constexpr,
+    HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
+    R: tl.constexpr, J: tl.constexpr, PL: tl.constexpr, L: tl.constexpr, V: tl.constexpr,
+    EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+    OFFSETS_32: tl.constexpr, ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_p = tl.program_id(2)
     i_g = i_h // heads_per_group
 
-    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, IS_VARLEN)
-    if HAS_STATE_INDEX:
-        i_slot = tl.load(state_index_ptr + i_s).to(tl.int64)
-    else:
-        i_slot = i_s
-    i_slot_out = i_slot
-    if HAS_OUT_INDEX:
-        i_slot_out = tl.load(state_out_index_ptr + i_s).to(tl.int64)
-    # A skipped sequence (an engine's padding row) runs no token and stores nothing.
-    live = tl.full([], True, tl.int1)  # a scalar flag (the interpreter wants a typed one)
+    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
+    i_in = i_s
+    if HAS_SLOT_IN:
+        i_in = tl.load(slot_in_ptr + i_s).to(tl.int64)
+    i_out = i_in
+    if HAS_SLOT_OUT:
+        i_out = tl.load(slot_out_ptr + i_s).to(tl.int64)
+    live = i_s == i_s  # a skipped row (an engine's padding) reads and writes nothing
     if HAS_SKIP:
-        live = live & (i_slot != skip_slot)
+        live = i_in != skip_slot
         length = tl.where(live, length, 0)
+    starts = live  # whether the row reads its initial state
+    if HAS_INITIAL_FLAGS:
+        starts = live & (tl.load(has_initial_ptr + i_s) != 0)
 
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
+    # The tile [R, J, PL, L, V]: rows o_p = l_p * R + r, state columns o_n = (j * L + l) * V + v
+    # (lanes hold PL rows x L column runs; a thread R rows x J runs of V columns).
+    o_l = tl.arange(0, PL)[None, None, :, None, None]
+    o_p = i_p * (R * PL) + o_l * R + tl.arange(0, R)[:, None, None, None, None]
+    o_n = (tl.arange(0, J)[None, :, None, None, None] * L + tl.arange(0, L)[None, None, None, :, None]) * V \
+        + tl.arange(0, V)[None, None, None, None, :]
     m_p = o_p < headdim
     m_n = o_n < dstate
-    m_pn = m_p[:, None] & m_n[None, :]
-    m_store = m_pn & live
+    m_pn = m_p & m_n
+    m_rows = tl.reshape(m_p, [R * PL])
 
     # Pointers to token 0 of this tile's sequence; _advance adds t * stride.
-    p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h + o_p * s_x_p
-    p_dt = dt_ptr + i_b * s_dt_b + bos * s_dt_t + i_h * s_dt_h + o_p * s_dt_p
-    p_B = B_ptr + i_b * s_B_b + bos * s_B_t + i_g * s_B_g + o_n * s_B_n
-    p_C = C_ptr + i_b * s_C_b + bos * s_C_t + i_g * s_C_g + o_n * s_C_n
-    p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_h * s_z_h + o_p * s_z_p
+    p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h
+    p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_h * s_z_h
+    if ROW_PAIRS:  # a thread's rows as 32-bit words of two (see _rows)
+        o_pair = (i_p * (R * PL) + o_l * R) // 2 + tl.arange(0, R // 2)[:, None, None, None, None]
+        p_x = p_x.to(tl.pointer_type(tl.uint32)) + o_pair
+        p_z = p_z.to(tl.pointer_type(tl.uint32)) + o_pair
+        m_x = o_pair * 2 < headdim
+        s_x_t = s_x_t // 2
+        s_z_t = s_z_t // 2
+    else:
+        p_x += o_p * s_x_p
+        p_z += o_p * s_z_p
+        m_x = m_p
     p_y = y_ptr + i_b * s_y_b + bos * s_y_t + i_h * s_y_h + o_p * s_y_p
+    p_dt = dt_ptr + i_b * s_dt_b + bos * s_dt_t + i_h * s_dt_h
+    if A_PER_STATE:
+        p_dt += o_p * s_dt_p
+    p_tab = table_ptr + ((i_b * seqlen + bos) * nheads + i_h) * 2
+    # B and C pointers span the lanes' rows with stride 0, so the loads take the state's layout
+    # ([1, J, PL, L, V]: one copy per thread, broadcast over its R rows in registers).
+    p_B = B_ptr + i_b * s_B_b + bos * s_B_t + i_g * s_B_g
+    p_C = C_ptr + i_b * s_C_b + bos * s_C_t + i_g * s_C_g
+    if PAIRS:  # 16-bit B and C read as 32-bit words of two columns (see as_f32)
+        o_w = (tl.arange(0, J)[None, :, None, None, None] * L + tl.arange(0, L)[None, None, None, :, None]) \
+            * (V // 2) + tl.arange(0, V // 2)[None, None, None, None, :]
+        p_B = p_B.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
+        p_C = p_C.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
+        m_bc = o_w * 2 < dstate
+        s_B_t = s_B_t // 2
+        s_C_t = s_C_t // 2
+    else:
+        p_B += o_n * s_B_n + o_l * 0
+        p_C += o_n * s_C_n + o_l * 0
+        m_bc = m_n
 
     if A_PER_STATE:
-        b_A = tl.load(A_ptr + i_h * s_A_h + o_p[:, None] * s_A_p + o_n[None, :] * s_A_n,
-                      mask=m_pn, other=0.0).to(tl.float32)  # [BP, BN]
+        b_A = tl.load(A_ptr + i_h * s_A_h + o_p * s_A_p + o_n * s_A_n, mask=m_pn, other=0.0).to(tl.float32)
     else:
-        b_A = tl.load(A_ptr + i_h * s_A_h + o_p * s_A_p, mask=m_p, other=0.0).to(tl.float32)  # [BP]
-    b_D = tl.zeros([BLOCK_P], dtype=tl.float32)
+        b_A = tl.load(A_ptr + i_h * s_A_h).to(tl.float32)
+    b_D = tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32)
     if HAS_D:
         b_D = tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)
-    b_dt_bias = tl.zeros([BLOCK_P], dtype=tl.float32)
+    b_dt_bias = tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32)
     if HAS_DT_BIAS:
-        b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h + o_p * s_bias_p, mask=m_p, other=0.0).to(tl.float32)
+        if A_PER_STATE:
+            b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h + o_p * s_bias_p, mask=m_p, other=0.0).to(tl.float32)
+        else:
+            b_dt_bias = tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
 
-    o_state = o_p[:, None] * s_in_p + o_n[None, :] * s_in_n
     if HAS_INITIAL_STATE:
-        m_init = m_store
-        if HAS_INITIAL_FLAGS:
-            m_init = m_store & (live & (tl.load(has_initial_ptr + i_s) != 0))
-        state = tl.load(state_in_ptr + i_slot * s_in_s + i_h * s_in_h + o_state, mask=m_init,
-                        other=0.0).to(tl.float32)
+        p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
+        state = tl.load(p_in, mask=tl.where(starts, m_pn, False), other=0.0).to(tl.float32)
     else:
-        state = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        state = tl.zeros([R, J, PL, L, V], dtype=tl.float32)
 
-    done = length - length  # tokens consumed so far (int64)
+    if OFFSETS_32:  # token offsets t * stride fit in 32 bits: cheaper address arithmetic
+        length = length.to(tl.int32)
+    # The pass as segments ending at its captures (sorted by offset), then at its end: one token
+    # loop in the code, whatever is captured.
+    c_lo = 0
+    n_cap = 0
     if HAS_CAPTURE:
         c_lo = tl.load(cap_ptr_ptr + i_s)
-        c_hi = tl.load(cap_ptr_ptr + i_s + 1)
-        for c in range(c_lo, c_hi):
-            offset = tl.load(cap_offset_ptr + c)
-            state = _advance(state, done, offset, p_x, p_dt, p_B, p_C, p_z, p_y,
-                             s_x_t, s_dt_t, s_B_t, s_C_t, s_z_t, s_y_t,
-                             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
-                             HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE)
-            row = tl.load(cap_row_ptr + c)
-            m_cap = m_store
-            if HAS_SKIP:  # a capture whose destination is the skip slot is dropped
-                m_cap = m_store & (live & (row != skip_slot))
-            p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n
-            tl.store(p_cap, state.to(captured_ptr.dtype.element_ty), mask=m_cap)
-            done = offset
-    state = _advance(state, done, length, p_x, p_dt, p_B, p_C, p_z, p_y,
-                     s_x_t, s_dt_t, s_B_t, s_C_t, s_z_t, s_y_t,
-                     b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n,
-                     HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE)
-    p_out = state_out_ptr + i_slot_out * s_out_s + i_h * s_out_h + o_p[:, None] * s_out_p + o_n[None, :] * s_out_n
-    tl.store(p_out, state.to(state_out_ptr.dtype.element_ty), mask=m_store)
+        n_cap = tl.load(cap_ptr_ptr + i_s + 1) - c_lo
+    done = length - length  # tokens consumed so far
+    for c in range(0, n_cap + 1):
+        end = length
+        if HAS_CAPTURE:
+            end = tl.load(cap_offset_ptr + c_lo + c, mask=c < n_cap, other=length).to(length.dtype)
+        state = _advance(state, done, end, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
+                         s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
+                         b_A, b_D, b_dt_bias, dt_min, dt_max, m_x, m_bc, m_rows,
+                         HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, EVEN_P, EVEN_N,
+                         PAIRS, IS_BF16, ROW_PAIRS, IS_BF16_X, 3)
+        if HAS_CAPTURE:
+            row = tl.load(cap_row_ptr + c_lo + c, mask=c < n_cap, other=0)
+            p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
+            keep = c < n_cap
+            if HAS_SKIP:  # an engine declines a capture by pointing it at the skip slot
+                keep = keep & live & (row != skip_slot)
+            tl.store(p_cap, cast_for_store(state, captured_ptr.dtype.element_ty), mask=tl.where(keep, m_pn, False))
+        done = end
+    p_out = state_out_ptr + i_out * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
+    tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
 
 
-def launch_config(headdim: int, dstate: int) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_N, num_warps) for the model dimensions.
+def launch_config(headdim: int, dstate: int, input_bits: int) -> tuple[int, int, int, int, int, int]:
+    """(R, J, PL, L, V, num_warps) for the model dimensions and the bits of B and C's dtype: tiles
+    of R * PL rows x J * L * V state columns.
 
-    One warp per program: the per-token reduction over dstate then stays inside the warp (no
-    barrier in the token loop), and small programs let all of a layer's tiles be resident at
-    once: the recurrence is sequential, so a second wave of programs would double a pass. Rows
-    per program: at most 32 state elements per thread, and at most 8 rows once dstate >= 32;
-    compiled for sm_90 these keep every variant in registers (16 rows at dstate 64 spill),
-    and at dstate 128 allow 8 programs (64 rows) per SM: a Mamba-2 2.7B or Granite-4.0-H
-    layer (5120 or 8192 rows) fits in one wave on 132 SMs.
+    A thread owns R rows and ROW_RUN state columns of each: J runs of V columns, V being a
+    128-bit load of B and C (loaded once, shared by its rows). L = next_power_of_2(dstate) /
+    ROW_RUN lanes share a row, so the sum over a row's columns is in registers, then log2(L)
+    shuffles; PL = 32 / L rows sit side by side in the warp. One warp per program: the per-token
+    reduction stays inside the warp (shuffles, no shared memory), and a layer's tiles are all
+    resident at once: the recurrence is sequential, so a second wave would double a pass.
+    ROWS_PER_THREAD = 2 (8 rows a warp at dstate 128): the static cost report models 16-row warps
+    slower (more instructions a warp and a longer in-order chain per token).
     """
     block_n = triton.next_power_of_2(dstate)
-    block_p = min(triton.next_power_of_2(headdim), 32 if block_n <= 16 else 8, max(1, 1024 // block_n))
-    return block_p, block_n, 1
+    v = min(128 // input_bits, ROW_RUN, block_n)  # elements of B and C in one 128-bit load
+    run = min(ROW_RUN, block_n)
+    lanes = block_n // run
+    pl = min(triton.next_power_of_2(headdim), max(1, 32 // lanes))
+    r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD)
+    return r, run // v, pl, lanes, v, 1
+
+
+ROW_RUN = 16
+ROWS_PER_THREAD = 2
+DT_TABLE_BLOCK_T = 32
+
+
+def dt_table(p: ScanProblem) -> torch.Tensor:
+    """The (batch, seqlen, nheads, 2) fp32 table of dt' and exp(dt' A) of a Mamba-2 pass."""
+    batch, seqlen, nheads, _ = p.x.shape
+    table = torch.empty(batch, seqlen, nheads, 2, dtype=torch.float32, device=p.x.device)
+    if table.numel() == 0:
+        return table
+    dt, bias = p.dt[..., 0], None if p.dt_bias is None else p.dt_bias[:, 0]
+    _dt_table_kernel[(triton.cdiv(seqlen, DT_TABLE_BLOCK_T), batch)](
+        dt, p.A, ptr_or(bias, dt), table, seqlen, nheads, p.dt_min, p.dt_max,
+        *dt.stride(), p.A.stride(0), 0 if bias is None else bias.stride(0),
+        HAS_DT_BIAS=bias is not None, DT_SOFTPLUS=p.dt_softplus,
+        BLOCK_T=DT_TABLE_BLOCK_T, BLOCK_H=triton.next_power_of_2(nheads), num_warps=4)
+    return table
+
+
+def _reads_pairs(a: torch.Tensor, b: torch.Tensor, dim: int = 3) -> bool:
+    """Whether 16-bit a and b (same dtype) can be read as 32-bit words of two elements adjacent
+    along `dim` (B and C's state columns, or x and z's rows)."""
+    return (a.dtype == b.dtype and a.element_size() == 2 and a.shape[dim] % 2 == 0
+            and all(t.stride(dim) == 1 and t.data_ptr() % 4 == 0
+                    and all(s % 2 == 0 for d, s in enumerate(t.stride()) if d != dim) for t in (a, b)))
+
+
+def _token_offsets_fit_32_bits(p: ScanProblem) -> bool:
+    """Whether t * (stride along time) fits in int32 for every token t of the pass and every
+    input read per token (the sequence starts are added in 64 bits)."""
+    seqlen, nheads = p.x.shape[1], p.x.shape[2]
+    strides = [t.stride(1) for t in (p.x, p.dt, p.B, p.C, p.y, p.z) if t is not None] + [2 * nheads]
+    return seqlen * max(abs(s) for s in strides) < 2 ** 31
 
 
 def run_triton(p: ScanProblem) -> None:
-    """Launch the kernel over (sequence, head, headdim block); writes p.y, p.state_out, p.captured."""
+    """Launch the kernel over (sequence, head, row block); writes p.y, p.state_out, p.captured.
+
+    Mamba-2 passes read dt' and exp(dt' A) from a table filled first; a pass of one token per
+    sequence (a decode step) computes them in the kernel instead, with the same code."""
     nseq = p.seqs.count
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
-    block_p, block_n, num_warps = launch_config(headdim, dstate)
+    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8)
+    block_p = r * pl
+    use_table = not p.a_per_state and p.x.shape[1] > 1
+    table = dt_table(p) if use_table else None
     grid = (nseq, nheads, triton.cdiv(headdim, block_p))
     cap = p.captures
     out = p.state_out
     _scan_kernel[grid](
-        ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(p.B, out), ptr_or(p.C, out), ptr_or(p.D, out),
-        ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out,
-        ptr_or(p.state_index, p.seqs.cu_seqlens), ptr_or(p.y, out), ptr_or(p.captured, out),
-        p.seqs.cu_seqlens, cap.ptr, ptr_or(cap.offset, cap.ptr), ptr_or(cap.row, cap.ptr),
-        ptr_or(p.has_initial, cap.ptr), ptr_or(p.state_out_index, cap.ptr),
-        p.skip_slot if p.skip_slot is not None else 0,
-        headdim, dstate, nheads // ngroups, p.dt_min, p.dt_max,
+        ptr_or(p.x, out), ptr_or(p.dt, out), ptr_or(table, out), p.A, ptr_or(p.B, out), ptr_or(p.C, out),
+        ptr_or(p.D, out), ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out,
+        ptr_or(p.state_index, out), ptr_or(p.state_out_index, out), ptr_or(p.has_initial, out), ptr_or(p.y, out),
+        ptr_or(p.captured, out),
+        ptr_or(p.seqs.cu_seqlens, out), ptr_or(cap.ptr, out), ptr_or(cap.offset, out), ptr_or(cap.row, out),
+        p.x.shape[1], nheads, headdim, dstate, nheads // ngroups, p.dt_min, p.dt_max,
+        0 if p.skip_slot is None else p.skip_slot,
         *p.x.stride(), *p.dt.stride(), *p.A.stride(), *p.B.stride(), *p.C.stride(),
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
         HAS_D=p.D is not None, HAS_Z=p.z is not None, HAS_DT_BIAS=p.dt_bias is not None,
-        DT_SOFTPLUS=p.dt_softplus, A_PER_STATE=p.a_per_state,
-        HAS_INITIAL_STATE=p.state_in is not None, HAS_STATE_INDEX=p.state_index is not None,
-        IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
-        HAS_INITIAL_FLAGS=p.has_initial is not None, HAS_OUT_INDEX=p.state_out_index is not None,
+        DT_SOFTPLUS=p.dt_softplus, A_PER_STATE=p.a_per_state, DT_TABLE=use_table,
+        HAS_INITIAL_STATE=p.state_in is not None, HAS_SLOT_IN=p.state_index is not None,
+        HAS_SLOT_OUT=p.state_out_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
         HAS_SKIP=p.skip_slot is not None,
-        BLOCK_P=block_p, BLOCK_N=block_n,
+        IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
+        R=r, J=j, PL=pl, L=lanes, V=v, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * lanes * v,
+        PAIRS=_reads_pairs(p.B, p.C), IS_BF16=p.B.dtype == torch.bfloat16,
+        ROW_PAIRS=r % 2 == 0 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
+        IS_BF16_X=p.x.dtype == torch.bfloat16,
+        OFFSETS_32=_token_offsets_fit_32_bits(p),
         num_warps=num_warps,
     )

@@ -1,0 +1,226 @@
+"""Mamba-1 scan parallel in time, in Triton: chunks on the absolute-position grid, an associative
+scan inside each chunk, the state carried from chunk to chunk.
+
+Per channel d and state entry n the recurrence h_t = a_t h_{t-1} + b_t (a_t = exp(dt'_t A[d, n]),
+b_t = dt'_t u_t B[n, t]) is linear, so the pairs (a_t, b_t) compose associatively:
+(a1, b1) then (a2, b2) is (a1 a2, a2 b1 + b2). One program owns one (sequence, BLOCK_D channels)
+tile and walks its sequence chunk by chunk; inside a chunk, the CHUNK tokens' pairs are scanned
+in parallel (tl.associative_scan over the time axis: in registers, then across lanes) with the
+chunk's start state h0 folded into its first pair (b_0 -> a_0 h0 + b_0), giving h_t directly.
+The next chunk starts from the state at the chunk's last position.
+
+Chunks sit at the multiples of CHUNK of absolute positions (the pass's first token is at
+start_positions[s]); tokens outside the pass are identities (a = 1, b = 0), which leave every
+prefix exactly as it is. A chunk is therefore computed by the same operations from the same
+state whichever pass it falls in, as long as passes start at grid points: splitting a sequence
+there gives bit-identical results. Captures at any offset store h at that token, so they never
+change a bit of y or the final states.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._triton import as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, sequence_span, strides_or_zeros
+from ..problem import ScanProblem
+
+
+@triton.jit
+def _compose(a1, b1, a2, b2):
+    """(a1, b1) then (a2, b2): h -> a2 (a1 h + b1) + b2."""
+    return a1 * a2, a2 * b1 + b2
+
+
+@triton.jit
+def _last_token(h, CHUNK: tl.constexpr):
+    """h [NR, NL, CHUNK] at the chunk's last position, [NR, NL] (a masked sum: adding zeros is
+    exact)."""
+    o_t = tl.arange(0, CHUNK)[None, None, :]
+    return tl.sum(tl.where(o_t == CHUNK - 1, h, 0.0), axis=2)
+
+
+@triton.jit
+def _stage_bc_kernel(B_ptr, C_ptr, stage_ptr, cu_seqlens_ptr, phases_ptr, seqlen, dstate, ngroups, nchunks,
+                     s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
+                     IS_VARLEN: tl.constexpr, HAS_POSITIONS: tl.constexpr,
+                     BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """stage[s, k, g] = (B, C) of chunk k of sequence s, group g: [2, BLOCK_N, CHUNK] in the
+    chunk's positions (zeros outside the pass). The chunk kernel then reads every chunk from an
+    aligned address, so its loads (and the layout Triton derives from them, which fixes the
+    order of the in-chunk scan) are the same for dense and varlen passes and any start."""
+    i_s = tl.program_id(0).to(tl.int64)
+    i_k = tl.program_id(1).to(tl.int64)
+    i_g = tl.program_id(2).to(tl.int64)
+    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
+    phase = length - length
+    if HAS_POSITIONS:
+        phase += tl.load(phases_ptr + i_s)
+    o_n = tl.arange(0, BLOCK_N)[:, None]
+    o_j = tl.arange(0, CHUNK)[None, :]
+    o_seq = i_k * CHUNK - phase + o_j
+    m = (o_n < dstate) & (o_seq >= 0) & (o_seq < length)
+    b_B = tl.load(B_ptr + i_b * s_B_b + (bos + o_seq) * s_B_t + i_g * s_B_g + o_n * s_B_n, mask=m, other=0.0)
+    b_C = tl.load(C_ptr + i_b * s_C_b + (bos + o_seq) * s_C_t + i_g * s_C_g + o_n * s_C_n, mask=m, other=0.0)
+    p_st = stage_ptr + (((i_s * nchunks + i_k) * ngroups + i_g) * 2 * BLOCK_N + o_n) * CHUNK + o_j
+    tl.store(p_st, b_B.to(stage_ptr.dtype.element_ty))
+    tl.store(p_st + BLOCK_N * CHUNK, b_C.to(stage_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _mamba1_chunk_kernel(
+    x_ptr, dt_ptr, A_ptr, stage_ptr, D_ptr, z_ptr, dt_bias_ptr,
+    state_in_ptr, state_out_ptr, y_ptr, captured_ptr,
+    cu_seqlens_ptr, phases_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
+    seqlen, dstate, ngroups, nchunks, dt_min, dt_max,
+    s_x_b, s_x_t, s_x_g, s_x_p,
+    s_dt_b, s_dt_t, s_dt_g, s_dt_p,
+    s_A_g, s_A_p, s_A_n,
+    s_D_g, s_D_p,
+    s_z_b, s_z_t, s_z_g, s_z_p,
+    s_bias_g, s_bias_p,
+    s_y_b, s_y_t, s_y_g, s_y_p,
+    s_in_s, s_in_g, s_in_p, s_in_n,
+    s_out_s, s_out_g, s_out_p, s_out_n,
+    s_cap_r, s_cap_g, s_cap_p, s_cap_n,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_POSITIONS: tl.constexpr,
+    HAS_CAPTURE: tl.constexpr, NR: tl.constexpr, NL: tl.constexpr, CHUNK: tl.constexpr,
+    PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+):
+    i_s = tl.program_id(0).to(tl.int64)
+    i_g = tl.program_id(1).to(tl.int64)
+    i_p = tl.program_id(2).to(tl.int64)
+    i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
+    phase = length - length  # the pass's first token's place in its chunk
+    if HAS_POSITIONS:
+        phase += tl.load(phases_ptr + i_s)
+
+    # One channel; tile [NR, NL, CHUNK] of state entries n = r * NL + l and tokens. Per-token
+    # channel values are [CHUNK] vectors.
+    o_n2 = tl.arange(0, NR)[:, None] * NL + tl.arange(0, NL)[None, :]  # [NR, NL]
+    o_n = o_n2[:, :, None]
+    o_l = tl.arange(0, NL)[None, :, None]
+    o_c = tl.arange(0, CHUNK)
+    o_t = o_c[None, None, :]
+    m_n2 = o_n2 < dstate
+    m_n = o_n < dstate
+
+    p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_g * s_x_g + i_p * s_x_p
+    p_dt = dt_ptr + i_b * s_dt_b + bos * s_dt_t + i_g * s_dt_g + i_p * s_dt_p
+    p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_g * s_z_g + i_p * s_z_p
+    p_y = y_ptr + i_b * s_y_b + bos * s_y_t + i_g * s_y_g + i_p * s_y_p
+    # This (sequence, group)'s staged chunks of B and C: [nchunks, (ngroups,) 2, NR * NL, CHUNK].
+    p_stage = stage_ptr + (i_s * nchunks * ngroups + i_g) * 2 * NR * NL * CHUNK
+    if PAIRS:  # 16-bit B and C read as 32-bit words of two tokens (see as_f32)
+        p_stage = p_stage.to(tl.pointer_type(tl.uint32))
+    W: tl.constexpr = CHUNK // 2 if PAIRS else CHUNK  # loaded elements per row of a chunk
+    p_bc = p_stage + o_n * W + tl.arange(0, W)[None, None, :]
+
+    # exp(dt' A) as exp2(dt' A log2(e)): one multiply per element fewer.
+    b_A = tl.load(A_ptr + i_g * s_A_g + i_p * s_A_p + o_n * s_A_n, mask=m_n, other=0.0) * 1.4426950408889634
+    b_D = 0.0
+    if HAS_D:
+        b_D = tl.load(D_ptr + i_g * s_D_g + i_p * s_D_p).to(tl.float32)
+    b_bias = 0.0
+    if HAS_DT_BIAS:
+        b_bias = tl.load(dt_bias_ptr + i_g * s_bias_g + i_p * s_bias_p).to(tl.float32)
+
+    if HAS_INITIAL_STATE:
+        h0 = tl.load(state_in_ptr + i_s * s_in_s + i_g * s_in_g + i_p * s_in_p + o_n2 * s_in_n, mask=m_n2, other=0.0)
+    else:
+        h0 = tl.zeros([NR, NL], dtype=tl.float32)
+
+    c = 0
+    c_hi = 0
+    if HAS_CAPTURE:
+        c = tl.load(cap_ptr_ptr + i_s)
+        c_hi = tl.load(cap_ptr_ptr + i_s + 1)
+        # Captures at offset 0: the initial state.
+        while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=-1) == 0:
+            p_cap = captured_ptr + tl.load(cap_row_ptr + c) * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
+            tl.store(p_cap + o_n2 * s_cap_n, h0, mask=m_n2)
+            c += 1
+
+    # Triton's software pipeline loads the next chunks' inputs while one is computed.
+    for k in tl.range(0, tl.where(length > 0, tl.cdiv(phase + length, CHUNK), 0), num_stages=3):
+        lo = k * CHUNK - phase  # the sequence offset of the chunk's position 0
+        o_seq = lo + o_c  # [CHUNK]
+        m_c = (o_seq >= 0) & (o_seq < length)
+        b_x = tl.load(p_x + o_seq * s_x_t, mask=m_c, other=0.0).to(tl.float32)
+        b_dt = tl.load(p_dt + o_seq * s_dt_t, mask=m_c, other=0.0).to(tl.float32)
+        b_dt = discretize_dt(b_dt, b_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
+        b_dt = tl.where(m_c, b_dt, 0.0)  # outside the pass: a = exp(0) = 1, b = 0, the identity
+        b_B = as_f32(tl.load(p_bc + k * (ngroups * 2 * NR * NL * W)), PAIRS, IS_BF16)
+        b_a = exp2_flush(b_dt[None, None, :] * b_A)  # [NR, NL, CHUNK]
+        b_b = (b_dt * b_x)[None, None, :] * b_B
+        # The chunk's start state enters at position 0: (a_0, b_0) -> (a_0, a_0 h0 + b_0). Before
+        # the pass's first token the pairs are identities, which carry h0 to it unchanged.
+        b_b = tl.where(o_t == 0, b_a * h0[:, :, None] + b_b, b_b)
+        _, h = tl.associative_scan((b_a, b_b), axis=2, combine_fn=_compose)  # the state after each token
+        b_C = as_f32(tl.load(p_bc + k * (ngroups * 2 * NR * NL * W) + NR * NL * W), PAIRS, IS_BF16)
+        b_y = tl.sum(tl.sum(h * b_C, axis=0), axis=0)  # [CHUNK]
+        if HAS_D:
+            b_y += b_D * b_x
+        if HAS_Z:
+            b_z = tl.load(p_z + o_seq * s_z_t, mask=m_c, other=0.0).to(tl.float32)
+            b_y = b_y * b_z * tl.sigmoid(b_z)
+        tl.store(p_y + o_seq * s_y_t, cast_for_store(b_y, y_ptr.dtype.element_ty), mask=m_c)
+        if HAS_CAPTURE:
+            # Captures after this chunk's tokens: the state after offset k is h at token k - 1.
+            while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=lo + CHUNK + 1) <= lo + CHUNK:
+                at = tl.load(cap_offset_ptr + c) - 1 - lo  # its position in the chunk
+                p_cap = captured_ptr + tl.load(cap_row_ptr + c) * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
+                tl.store(p_cap + o_n * s_cap_n + o_t * 0, h, mask=m_n & (o_t == at))
+                c += 1
+        h0 = _last_token(h, CHUNK)  # past the pass's end the tokens are identities: the final state
+
+    tl.store(state_out_ptr + i_s * s_out_s + i_g * s_out_g + i_p * s_out_p + o_n2 * s_out_n, h0, mask=m_n2)
+
+
+def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int, int]:
+    """(NR, NL, num_warps): one warp per channel; a thread holds a 128-bit run of tokens for NR
+    state entries, the chunk's tokens spread over the lanes and NL lanes share the state
+    entries. Small programs keep many warps of a layer in flight."""
+    block_n = triton.next_power_of_2(dstate)
+    time_lanes = max(1, min(32, chunk // (128 // input_bits)))
+    nl = min(block_n, max(1, 32 // time_lanes))
+    return block_n // nl, nl, 1
+
+
+def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
+    """Stage B and C per chunk, then launch over (sequence, group, channel); writes p.y,
+    p.state_out, p.captured."""
+    nseq = p.seqs.count
+    if nseq == 0:
+        return
+    _, _, ngroups, rows = p.x.shape
+    dstate = p.A.shape[2]
+    nr, nl, num_warps = launch_config(dstate, chunk, p.B.element_size() * 8)
+    phases = [position % chunk for position in start_positions]
+    nchunks = max(triton.cdiv(phase + n, chunk) if n else 0 for n, phase in zip(p.seqs.lengths, phases))
+    out = p.state_out
+    phases = torch.tensor(phases, dtype=torch.int64, device=p.x.device) if any(phases) else None
+    stage_dtype = p.B.dtype if p.B.dtype == p.C.dtype else torch.float32
+    stage = torch.empty(nseq, nchunks, ngroups, 2, nr * nl, chunk, dtype=stage_dtype, device=p.x.device)
+    cap = p.captures
+    if nchunks:
+        _stage_bc_kernel[(nseq, nchunks, ngroups)](
+            p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
+            nchunks, *p.B.stride(), *p.C.stride(), IS_VARLEN=p.seqs.varlen, HAS_POSITIONS=phases is not None,
+            BLOCK_N=nr * nl, CHUNK=chunk, num_warps=4)
+    _mamba1_chunk_kernel[(nseq, ngroups, rows)](
+        ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(stage, out), ptr_or(p.D, out),
+        ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out, ptr_or(p.y, out),
+        ptr_or(p.captured, out), ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out),
+        ptr_or(cap.ptr, out), ptr_or(cap.offset, out), ptr_or(cap.row, out),
+        p.x.shape[1], dstate, ngroups, nchunks, p.dt_min, p.dt_max,
+        *p.x.stride(), *p.dt.stride(), *p.A.stride(),
+        *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
+        *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
+        HAS_D=p.D is not None, HAS_Z=p.z is not None, HAS_DT_BIAS=p.dt_bias is not None,
+        DT_SOFTPLUS=p.dt_softplus, HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen,
+        HAS_POSITIONS=phases is not None, HAS_CAPTURE=cap.count > 0,
+        NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32, IS_BF16=stage_dtype == torch.bfloat16,
+        num_warps=num_warps,
+    )
