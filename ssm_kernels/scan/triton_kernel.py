@@ -378,10 +378,11 @@ def _scan_kernel(
     tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
 
 
-def launch_config(headdim: int, dstate: int, input_bits: int,
-                  a_per_state: bool = False) -> tuple[int, int, int, int, int, int]:
+def launch_config(headdim: int, dstate: int, input_bits: int, a_per_state: bool = False,
+                  gated: bool = False) -> tuple[int, int, int, int, int, int]:
     """(R, J, PL, L, V, num_warps) for the model dimensions, the bits of B and C's dtype and the
-    layout (a_per_state: Mamba-1): tiles of R * PL rows x J * L * V state columns.
+    layout (a_per_state: Mamba-1; gated: y gated by z): tiles of R * PL rows x J * L * V state
+    columns. A row's arithmetic does not depend on R.
 
     A thread owns R adjacent rows and ROW_RUN state columns of each: J runs of V columns, V being
     a 128-bit load of B and C (loaded once, shared by its rows). L = next_power_of_2(dstate) /
@@ -391,21 +392,22 @@ def launch_config(headdim: int, dstate: int, input_bits: int,
     are all resident at once: the recurrence is sequential, so a second wave would double a
     pass. ROWS_PER_THREAD = 4 (16 rows a warp at dstate 128): a 2.7B layer's 5120 rows make 320
     warps, at most one on each of an H200's 528 schedulers (8-row warps put two on some), and B
-    and C's conversions are shared by more rows. Mamba-1 keeps ROWS_PER_THREAD_MAMBA1 = 2: an exp
-    per state entry makes its rows costlier, and its 5120 channels would make only 40 warps.
+    and C's conversions are shared by more rows. Mamba-1 keeps ROWS_PER_THREAD_NARROW = 2: an exp
+    per state entry makes its rows costlier, and its 5120 channels would make only 40 warps; so
+    does a gated pass, whose z buffers would not fit in registers beside 4 rows' state.
     """
     block_n = triton.next_power_of_2(dstate)
     v = min(128 // input_bits, ROW_RUN, block_n)  # elements of B and C in one 128-bit load
     run = min(ROW_RUN, block_n)
     lanes = block_n // run
     pl = min(triton.next_power_of_2(headdim), max(1, 32 // lanes))
-    r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD_MAMBA1 if a_per_state else ROWS_PER_THREAD)
+    r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD_NARROW if a_per_state or gated else ROWS_PER_THREAD)
     return r, run // v, pl, lanes, v, 1
 
 
 ROW_RUN = 16
 ROWS_PER_THREAD = 4
-ROWS_PER_THREAD_MAMBA1 = 2
+ROWS_PER_THREAD_NARROW = 2
 DT_TABLE_BLOCK_T = 32
 
 
@@ -456,7 +458,7 @@ def run_triton(p: ScanProblem) -> None:
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
-    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8, p.a_per_state)
+    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8, p.a_per_state, p.z is not None)
     block_p = r * pl
     pairs = _reads_pairs(p.B, p.C)
     use_table = not p.a_per_state and p.x.shape[1] > 1
