@@ -428,9 +428,9 @@ def dt_table(p: ScanProblem) -> torch.Tensor:
 
 def deep_prefetch(p: ScanProblem, pairs: bool) -> bool:
     """Whether the token loop loads two iterations ahead (_advance's DEEP): where the registers
-    allow it without spilling (16-bit B and C read in pairs, Mamba-2, no z). A function of the
-    model's layout and dtypes; the arithmetic is the same either way."""
-    return pairs and not p.a_per_state and p.z is None
+    allow it without spilling (16-bit B and C read in pairs, Mamba-2, no z, no captures). Only
+    where loads are issued changes, not the arithmetic: a pass's bits are the same either way."""
+    return pairs and not p.a_per_state and p.z is None and p.captures.count == 0
 
 
 def _reads_pairs(a: torch.Tensor, b: torch.Tensor, dim: int = 3) -> bool:
