@@ -12,7 +12,7 @@ from ssm_kernels.conv.problem import ConvProblem
 from ssm_kernels.conv.torch_kernel import run_torch as run_conv_torch
 from ssm_kernels.conv.triton_kernel import run_triton as run_conv_triton
 from ssm_kernels.scan import dispatch
-from ssm_kernels.scan.mamba2 import _problem
+from ssm_kernels.scan.mamba2 import mamba2_problem
 
 BACKENDS = ["torch", "triton"]
 LENGTHS = [5, 0, 7, 3]  # row 2 is padding (skipped)
@@ -40,7 +40,7 @@ def test_scan_by_slot(backend, cache_dtype, device):
     captures = _common.CaptureTable(captures.ptr, captures.offset, cap_rows[captures.row.cpu()].to(device),
                                     [(s, k, int(cap_rows[r])) for s, k, r in captures.entries])
     y = torch.full_like(x, math.nan)
-    p = _problem(x, dt, A, B, C, kw["D"], kw["z"], kw["dt_bias"], True, (0.0, math.inf), cache,
+    p = mamba2_problem(x, dt, A, B, C, kw["D"], kw["z"], kw["dt_bias"], True, (0.0, math.inf), cache,
                  torch.tensor(SLOTS, device=device), seqs, captures, y, cache, cache)
     p.has_initial = torch.tensor(STARTS, device=device)
     p.skip_slot = SKIP

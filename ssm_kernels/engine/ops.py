@@ -21,6 +21,7 @@ from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
 from ..conv.triton_kernel import run_triton as run_conv_triton
 from ..scan import dispatch
+from ..scan.mamba2 import check_mamba2_args, mamba2_problem
 from ..scan.problem import ScanProblem, check_scan_sizes
 from .batch import DecodeBatch, PrefillBatch
 
@@ -39,44 +40,16 @@ def _check_cache(name, cache, dims):
     check_inplace_target(name, cache)
 
 
-def _per_row(t, nheads, headdim):
-    if t is None:
-        return None
-    return (t.unsqueeze(-1) if t.ndim == 1 else t).expand(nheads, headdim)
-
-
 def _mamba2_problem(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out, decode):
     """x: (batch, tokens, nheads, headdim) views; the scan layout over the cache."""
-    nheads, headdim = x.shape[2:]
-    dstate = B.shape[3]
-    return ScanProblem(
-        x=x, dt=dt.unsqueeze(-1).expand(*dt.shape, headdim),
-        A=A.view(nheads, 1, 1).expand(nheads, headdim, dstate), B=B, C=C,
-        D=_per_row(D, nheads, headdim), z=z, dt_bias=_per_row(dt_bias, nheads, headdim),
-        dt_softplus=bool(dt_softplus), dt_min=dt_limit[0], dt_max=dt_limit[1], a_per_state=False,
-        state_in=ssm_state, state_index=batch.state_indices, seqs=batch.seqs, captures=batch.captures,
-        y=out, state_out=ssm_state, captured=ssm_state,
-        has_initial=None if decode else batch.has_initial,
-        state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
+    return mamba2_problem(x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), dt_limit, ssm_state, batch.state_indices,
+                          batch.seqs, batch.captures, out, ssm_state, ssm_state,
+                          has_initial=None if decode else batch.has_initial,
+                          state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
 
 
 def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, lead):
-    check_tensor("x", x, [(n, None) for n in lead] + [("nheads", None), ("headdim", None)], FLOAT_DTYPES)
-    sizes = list(zip(lead, x.shape))
-    nheads, headdim = x.shape[-2:]
-    check_tensor("dt", dt, sizes + [("nheads", nheads)], FLOAT_DTYPES)
-    check_tensor("A", A, [("nheads", nheads)], F32)
-    check_tensor("B", B, sizes + [("ngroups", None), ("dstate", None)], FLOAT_DTYPES)
-    ngroups, dstate = B.shape[-2:]
-    check_tensor("C", C, sizes + [("ngroups", ngroups), ("dstate", dstate)], FLOAT_DTYPES)
-    check_scan_sizes("nheads", nheads, ngroups, dstate, headdim=headdim)
-    if D is not None:
-        dims = [("nheads", nheads)] if getattr(D, "ndim", 0) == 1 else [("nheads", nheads), ("headdim", headdim)]
-        check_tensor("D", D, dims, FLOAT_DTYPES)
-    if z is not None:
-        check_tensor("z", z, sizes + [("nheads", nheads), ("headdim", headdim)], FLOAT_DTYPES)
-    if dt_bias is not None:
-        check_tensor("dt_bias", dt_bias, [("nheads", nheads)], FLOAT_DTYPES)
+    nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=lead)
     _check_cache("ssm_state", ssm_state, [("nheads", nheads), ("headdim", headdim), ("dstate", dstate)])
     _check_out("out", out, x.shape, x.dtype)
     return check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, ssm_state=ssm_state, out=out)

@@ -15,7 +15,7 @@ from .problem import ScanProblem, check_scan_sizes
 F32 = (torch.float32,)
 
 
-def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
+def check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
     """Validate Mamba-2 arguments; token_dims names the leading axes ((batch, seqlen) or (batch,)).
 
     Returns (nheads, headdim, ngroups, dstate).
@@ -47,9 +47,10 @@ def _per_row(t, nheads, headdim):
     return (t.unsqueeze(-1) if t.ndim == 1 else t).expand(nheads, headdim)
 
 
-def _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, state_index,
-             seqs, captures, y, state_out, captured) -> ScanProblem:
-    """The scan layout for Mamba-2 tensors with a time axis: (batch, seqlen, nheads, headdim)."""
+def mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, state_index,
+                   seqs, captures, y, state_out, captured, **engine_fields) -> ScanProblem:
+    """The scan layout for Mamba-2 tensors with a time axis: (batch, seqlen, nheads, headdim).
+    engine_fields: ScanProblem's optional engine fields (state_out_index, has_initial, skip_slot)."""
     nheads, headdim = x.shape[2:]
     dstate = B.shape[3]
     return ScanProblem(
@@ -58,7 +59,7 @@ def _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_in, sta
         D=_per_row(D, nheads, headdim), z=z, dt_bias=_per_row(dt_bias, nheads, headdim),
         dt_softplus=dt_softplus, dt_min=dt_limit[0], dt_max=dt_limit[1], a_per_state=False,
         state_in=state_in, state_index=state_index, seqs=seqs, captures=captures,
-        y=y, state_out=state_out, captured=captured)
+        y=y, state_out=state_out, captured=captured, **engine_fields)
 
 
 def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -110,7 +111,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     chunk_size (absolute positions, see start_positions): a pass that starts there continues one
     longer pass bit for bit. A pass that starts elsewhere agrees with it to rounding only.
     """
-    nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
+    nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
     check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
@@ -128,7 +129,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     y = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
     captured = new_output(captures.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
-    problem = _problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
+    problem = mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
                        seqs, captures, y, final_states, captured)
     if algorithm == "chunked":
         chunked.run(problem, backend, chunk_size, start_positions)
@@ -176,7 +177,7 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
     so n decode steps are not an n-token pass.
     """
     if validate:
-        nheads, headdim, _, dstate = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
+        nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
         check_bool("dt_softplus", dt_softplus)
         dt_limit = check_dt_limit(dt_limit)
         check_tensor("state", state, [("nslots", None), ("nheads", nheads), ("headdim", headdim),
@@ -195,11 +196,9 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
         y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
     else:  # padded rows write nothing: their y stays zero
         y = torch.zeros(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
-    problem = _problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
+    problem = mamba2_problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
                        None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
                        state, state_indices, Sequences(None, [1] * batch, varlen=False), NO_CAPTURES,
-                       y, state, state[:0])
-    problem.state_out_index = dst_state_indices
-    problem.skip_slot = pad_slot_id
+                       y, state, state[:0], state_out_index=dst_state_indices, skip_slot=pad_slot_id)
     dispatch.run(problem, backend)
     return y[:, 0]
