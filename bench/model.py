@@ -55,9 +55,9 @@ SCHEDULERS_PER_SM = 4
 CLOCK_HZ = 1.9e9
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy; the HBM3e peak is ~4.8e12
 # L2, an assumption from a public microbenchmark (github.com/te42kyfo/gpu-benches, gpu-l2-cache,
-# h200.txt: every SM reads a data set of 1.5-40 MB over and over): 9.7-10.6 TB/s from 3 to 40
-# MB (13.5 at 1.5 MB), falling from 44 MB on to HBM's 3.9 TB/s (read-only) by 70 MB. So 10 TB/s,
-# for stores and atomics as for loads, and 40 MB of the 50 MB L2 hold data for reuse.
+# h200.txt: every SM reads a shared data set over and over): 9.5-11 TB/s from 3 to 40 MB (13.5
+# at 1.5 MB), falling from 44 MB on to HBM's 3.9 TB/s (read-only) by 76 MB. So 10 TB/s, for
+# stores and atomics as for loads, and 40 MB of the 50 MB L2 hold data for reuse.
 L2_BYTES_PER_S = 10e12
 L2_REUSE_BYTES = 40e6
 TENSOR_FLOPS = {
