@@ -11,7 +11,6 @@ index tables are built once per step, on the first layer, and kept on the batch.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +54,7 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
     index = lambda values: torch.tensor(values, dtype=torch.int64, device=device)
     live = [s for s, slot in enumerate(host.slots) if slot != batch.skip_slot]
     reads = [slot != batch.skip_slot and h for slot, h in zip(host.slots, host.has_initial)]
-    seqs = dataclasses.replace(batch.seqs, varlen=True)
+    seqs = batch.seqs  # varlen, with the true lengths on the host (read back for start_positions)
     bounds = [0]
     for length in seqs.lengths:
         bounds.append(bounds[-1] + length)
