@@ -80,6 +80,16 @@ def test_plugin_with_the_chunked_scan(kind, models, workdir, monkeypatch):
     assert reqs["branch"]["cached"] == bv.SHARED // bv.BLOCK * bv.BLOCK
 
 
+def test_prefill_algorithm_setting_is_checked(monkeypatch):
+    from ssm_serving.vllm_plugin import mixers
+
+    monkeypatch.setenv(mixers.ENV_ALGORITHM, "ssd")
+    with pytest.raises(ValueError, match=mixers.ENV_ALGORITHM):
+        mixers.prefill_algorithm()
+    monkeypatch.setenv(mixers.ENV_ALGORITHM, " chunked ")
+    assert mixers.prefill_algorithm() == "chunked"
+
+
 def test_vllm_policy_alone_misses_the_branch(models, workdir):
     """With vLLM's own capture policy (the prompt tail only; the plugin's kernels, since vLLM's CPU
     scan cannot write a checkpoint) the first branch finds nothing and pays a pass for vLLM's

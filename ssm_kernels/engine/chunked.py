@@ -71,18 +71,13 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
     return step
 
 
-def check_chunked(batch: PrefillBatch, algorithm: str) -> None:
-    if batch.host is None:
-        raise ValueError(f"algorithm={algorithm!r} runs the chunked scan, which needs each row's absolute start "
-                         "position: build the batch with prefill_batch(..., start_positions=...)")
-
-
 def resolve(algorithm, batch: PrefillBatch, device, auto_min_tokens: int) -> str:
-    """"recurrent" or "chunked"; "auto" as the public scans decide, and recurrent for a batch
-    without start positions (the chunked grid needs them)."""
+    """The algorithm to run, "recurrent" or "chunked": "auto" as the public scans decide, and
+    recurrent for a batch without start positions (the chunked grid needs them)."""
     chunked.resolve_algorithm(algorithm, device, batch.seqs)  # checks the name
-    if algorithm == "chunked":
-        check_chunked(batch, algorithm)
+    if algorithm == "chunked" and batch.host is None:
+        raise ValueError("algorithm='chunked' needs each row's absolute start position: build the batch with "
+                         "prefill_batch(..., start_positions=...)")
     if algorithm != "auto":
         return algorithm
     longest = max(batch.seqs.lengths, default=0)
