@@ -27,19 +27,30 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
 
 
-@pytest.mark.parametrize("kind", bv.MODELS)
-def test_plugin_serves_transformers_tokens_with_cache_hits(kind, models, workdir):
-    res = bv.run_config(models[kind], "plugin-align", rounds=1, max_tokens=MAX_TOKENS, workdir=workdir)
+def _served(model, workdir, config="plugin-align"):
+    """One round of traffic through the plugin: its requests, each checked against transformers'
+    greedy tokens and float64 log-probs."""
+    res = bv.run_config(model, config, rounds=1, max_tokens=MAX_TOKENS, workdir=workdir)
     assert res["error"] is None, res.get("traceback") or res["error"]
     assert res["plugin_status"]["installed"], res["plugin_status"]
+    reqs = res["rounds"][0]
+    for name, req in reqs.items():
+        tokens, logprobs = bv.transformers_greedy(model, req["prompt"], MAX_TOKENS)
+        assert req["tokens"] == tokens, f"{name}: vLLM {req['tokens']} != transformers {tokens}"
+        worst = max(abs(a - b) for a, b in zip(req["logprobs"], logprobs))
+        assert worst <= TRANSFORMERS_TOL, f"{name}: log-probs differ from transformers' by {worst:.2e}"
+    return res
+
+
+@pytest.mark.parametrize("kind", bv.MODELS)
+def test_plugin_serves_transformers_tokens_with_cache_hits(kind, models, workdir):
+    res = _served(models[kind], workdir)
+    assert res["plugin_status"]["prefill_algorithm"] == "auto"  # on CPU: the recurrent scan
     uncached = bv.run_config(models[kind], "plugin-none", rounds=1, max_tokens=MAX_TOKENS, workdir=workdir)
     assert uncached["error"] is None, uncached.get("traceback") or uncached["error"]
     reqs = res["rounds"][0]
     for name, req in reqs.items():
-        tokens, logprobs = bv.transformers_greedy(models[kind], req["prompt"], MAX_TOKENS)
-        assert req["tokens"] == tokens, f"{name}: vLLM {req['tokens']} != transformers {tokens}"
-        worst = max(abs(a - b) for a, b in zip(req["logprobs"], logprobs))
-        assert worst <= TRANSFORMERS_TOL, f"{name}: log-probs differ from transformers' by {worst:.2e}"
+        tokens = req["tokens"]
         plain = uncached["rounds"][0][name]
         assert plain["tokens"] == tokens and plain["cached"] == 0
         worst = max(abs(a - b) for a, b in zip(req["logprobs"], plain["logprobs"]))
@@ -52,6 +63,31 @@ def test_plugin_serves_transformers_tokens_with_cache_hits(kind, models, workdir
     assert reqs["turn2"]["cached"] == (bv.PROMPT - 1) // bv.BLOCK * bv.BLOCK
     assert reqs["branch2"]["cached"] == bv.SHARED // bv.BLOCK * bv.BLOCK
     assert reqs["branch"]["passes"] < reqs["cold"]["passes"]
+
+
+@pytest.mark.parametrize("kind", ["granite", "jamba"])
+def test_plugin_with_the_chunked_scan(kind, models, workdir, monkeypatch):
+    """The chunked prefill scan forced (Mamba-2 with the model's chunk size 64, Mamba-1 with 64;
+    blocks of 128, so cache hits resume on the chunk grid): transformers' tokens, the same hits."""
+    monkeypatch.setenv("SSM_KERNELS_VLLM_PREFILL_ALGORITHM", "chunked")
+    runs = workdir / "chunked"
+    runs.mkdir(exist_ok=True)
+    res = _served(models[kind], runs)
+    assert res["plugin_status"]["prefill_algorithm"] == "chunked", res["plugin_status"]
+    reqs = res["rounds"][0]
+    assert reqs["cold"]["cached"] == 0 and reqs["cold"]["passes"] >= 4, reqs["cold"]
+    assert reqs["warm"]["cached"] == (bv.PROMPT - 1) // bv.BLOCK * bv.BLOCK
+    assert reqs["branch"]["cached"] == bv.SHARED // bv.BLOCK * bv.BLOCK
+
+
+def test_prefill_algorithm_setting_is_checked(monkeypatch):
+    from ssm_serving.vllm_plugin import mixers
+
+    monkeypatch.setenv(mixers.ENV_ALGORITHM, "ssd")
+    with pytest.raises(ValueError, match=mixers.ENV_ALGORITHM):
+        mixers.prefill_algorithm()
+    monkeypatch.setenv(mixers.ENV_ALGORITHM, " chunked ")
+    assert mixers.prefill_algorithm() == "chunked"
 
 
 def test_vllm_policy_alone_misses_the_branch(models, workdir):

@@ -9,11 +9,12 @@ back from the device, so it works under CUDA graphs and asynchronous scheduling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .._common import INDEX_DTYPES, CaptureTable, Sequences, check_tensor
+from ..scan.chunked import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
 PAD_SLOT_ID = -1
@@ -29,6 +30,7 @@ class PrefillBatch:
         state to. has_initial: (nseq,) bool or None (all continue from their slot).
     captures: per-sequence tables of (offset, destination slot) sorted by offset.
     skip_slot: rows whose slot equals it are not computed (None: every row is).
+    host: the step on the host, for the chunked algorithm (None without start_positions).
     """
 
     seqs: Sequences
@@ -36,6 +38,26 @@ class PrefillBatch:
     has_initial: torch.Tensor | None
     captures: CaptureTable
     skip_slot: int | None
+    host: HostStep | None = None
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """A prefill step's indices on the host: the chunked algorithm plans its chunks there.
+
+    start_positions: (nseq,) absolute position of each sequence's first token (its computed-token
+        count), which puts the chunk grid at multiples of chunk_size of absolute positions.
+    slots, has_initial: per sequence, as state_indices and has_initial_state.
+    captures: (sequence, offset, slot) of the captures that are written (not skipped), sorted.
+    prepared: device tables derived from these, built by the first layer that needs them and
+        shared by the step's other layers.
+    """
+
+    start_positions: list[int]
+    slots: list[int]
+    has_initial: list[bool]
+    captures: list[tuple[int, int, int]]
+    prepared: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -54,15 +76,16 @@ def _index(name, t, n):
     return t
 
 
-def _device_captures(seq, offset, slot, nseq: int, total_tokens: int) -> CaptureTable:
-    """Capture tables sorted on the device (no host read): (sequence, offset) order, per-sequence
-    bounds by searchsorted. `entries` is filled only for host tensors (the PyTorch path reads it)."""
+def _device_captures(seq, offset, slot, nseq: int, total_tokens: int, on_host: bool) -> CaptureTable:
+    """Capture tables sorted on the device: (sequence, offset) order, per-sequence bounds by
+    searchsorted. `entries` is filled for host tensors (the PyTorch path reads it) or when asked
+    (on_host: one read back), else holds only the count."""
     device = seq.device
     seq, offset, slot = seq.long(), offset.long(), slot.long()
     order = torch.argsort(seq * (total_tokens + 1) + offset, stable=True)
     seq, offset, slot = seq[order], offset[order], slot[order]
     ptr = torch.searchsorted(seq, torch.arange(nseq + 1, device=device), right=False)
-    if device.type == "cpu":
+    if device.type == "cpu" or on_host:
         entries = list(zip(seq.tolist(), offset.tolist(), slot.tolist()))
     else:
         entries = [None] * seq.numel()  # only the count is read on this path
@@ -75,7 +98,7 @@ def _no_captures(nseq: int, device) -> CaptureTable:
 
 def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_seq=None,
                   capture_offset=None, capture_slot=None, skip_slot=PAD_SLOT_ID, nslots=None,
-                  validate=True) -> PrefillBatch:
+                  validate=True, start_positions=None) -> PrefillBatch:
     """Describe a prefill step once; pass the result to every layer's prefill calls.
 
     Args:
@@ -94,6 +117,12 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         validate: check values on the host (one device sync on CUDA): lengths, slot ranges, that
             live rows' slots are distinct and that no capture lands on a slot a row reads.
             With False nothing is read back; bad values are then undefined behaviour.
+        start_positions: (nseq,) ints (a list or a 1-D int tensor), optional: the absolute position
+            of each sequence's first token, i.e. the tokens it has already computed (vLLM's
+            num_computed_tokens). Needed by the prefill ops' chunked algorithm, which puts its
+            chunk grid there and plans chunks on the host: with start_positions the batch reads
+            its lengths, slots and captures back to the host once (one device sync on CUDA, even
+            with validate=False).
     """
     check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
     nseq = cu_seqlens.shape[0] - 1
@@ -131,7 +160,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         has_initial_state = has_initial_state.contiguous()
     # The kernels read lengths from cu_seqlens on the device; the host list here only carries the
     # count (and, on the host path, the true lengths).
-    if device.type == "cpu" or validate:
+    on_host = device.type == "cpu" or validate or start_positions is not None
+    if on_host:
         bounds = cu_seqlens.tolist()
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     else:
@@ -140,11 +170,20 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     seqs = Sequences(cu, lengths, varlen=True)
     if ncap:
         total = lengths and max(sum(lengths), 0)
-        total_tokens = total if (device.type == "cpu" or validate) else 1 << 40
-        captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, total_tokens)
+        total_tokens = total if on_host else 1 << 40
+        captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, total_tokens,
+                                    on_host=start_positions is not None)
     else:
         captures = _no_captures(nseq, device)
-    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot)
+    host = None
+    if start_positions is not None:
+        positions = check_start_positions(start_positions, seqs)
+        slots = state_indices.tolist()
+        live = lambda s, slot: slot != skip_slot and slots[s] != skip_slot
+        host = HostStep(positions, slots,
+                        has_initial_state.tolist() if has_initial_state is not None else [True] * nseq,
+                        [(s, k, slot) for s, k, slot in captures.entries if live(s, slot)])
+    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host)
 
 
 def _validate_prefill(cu_seqlens, state_indices, capture_seq, capture_offset, capture_slot, skip_slot, nslots):

@@ -1,9 +1,12 @@
 """Per-layer entry points for a serving engine: prefill, conv and decode, in place in its caches.
 
 Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache
-tensors by slot, writes the output into `out`, and allocates nothing: the same kernels as
-mamba2_scan, mamba1_scan and causal_conv1d (the recurrent scan, so a sequence's outputs and
-states are bit-identical however the engine splits, batches or captures it), launched on views.
+tensors by slot and writes the output into `out`. By default (algorithm="recurrent") it allocates
+nothing: the same kernels as mamba2_scan, mamba1_scan and causal_conv1d (the recurrent scan, so a
+sequence's outputs and states are bit-identical however the engine splits, batches or captures
+it), launched on views. The prefill scans also take algorithm="chunked" (the public scans'
+chunked algorithms, much faster on a GPU for long passes; exact at splits on the absolute chunk
+grid: see chunked.py) or "auto".
 States are kept in float32 inside the kernels and rounded to the cache's dtype (float32,
 float16 or bfloat16) when stored. Tensor parallelism needs nothing special: a rank passes its
 own heads (or channels) and its own slice of the cache; slots and captures are rank-local.
@@ -20,9 +23,11 @@ from .._common import (FLOAT_DTYPES, check_dt_limit, check_inplace_target, check
 from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
 from ..conv.triton_kernel import run_triton as run_conv_triton
-from ..scan import dispatch
+from ..scan import chunked as mamba2_chunked_scan
+from ..scan import dispatch, mamba1_chunked
 from ..scan.mamba2 import check_mamba2_args, mamba2_problem
 from ..scan.problem import ScanProblem, check_scan_sizes
+from . import chunked
 from .batch import DecodeBatch, PrefillBatch
 
 F32 = (torch.float32,)
@@ -66,7 +71,8 @@ def _check_batch(batch, cls, device, ntokens=None):
 
 
 def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
-                   dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto") -> None:
+                   dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto", algorithm="recurrent",
+                   chunk_size=None) -> None:
     """One Mamba-2 layer's scan over a prefill step, states in place in the engine's cache.
 
     Args:
@@ -79,11 +85,26 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
         out: like x, written (rows of skipped sequences are left as they were).
         D: (nheads,) or (nheads, headdim); z: like x; dt_bias: (nheads,); dt_softplus, dt_limit
             and backend as in mamba2_scan.
+        algorithm: "recurrent" (default: exact at any split, allocates nothing), "chunked" (the
+            SSD algorithm of mamba2_scan(algorithm="chunked"); needs a batch built with
+            start_positions; allocates its workspace per call) or "auto" (mamba2_scan's rule:
+            chunked on CUDA from ssm_kernels.scan.chunked.AUTO_CHUNKED_MIN_TOKENS tokens in the
+            longest row, when the batch has start positions; else recurrent).
+        chunk_size: the chunked algorithm's, as in mamba2_scan (default 256).
+
+    Exact: the chunked algorithm gives the bits of mamba2_scan(algorithm="chunked") on the same
+    rows with the same start positions; a row that resumes at a multiple of chunk_size (absolute
+    position) from a float32 cache continues a longer pass bit for bit.
     """
     device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("ntokens",))
     _check_batch(batch, PrefillBatch, device)
     dt_limit = check_dt_limit(dt_limit)
     backend = resolve_backend(backend, device)
+    chunk_size = mamba2_chunked_scan.check_chunk_size(chunk_size)
+    if chunked.resolve(algorithm, batch, device, mamba2_chunked_scan.AUTO_CHUNKED_MIN_TOKENS) == "chunked":
+        chunked.run_mamba2(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
+                               backend, chunk_size)
+        return
     u = lambda t: None if t is None else t.unsqueeze(0)
     problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
                               ssm_state, u(out), decode=False)
@@ -137,34 +158,46 @@ def _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axi
     return device, ngroups
 
 
-def _mamba1_problem(batch, rows, bc, A, D, delta_bias, delta_softplus, ssm_state, decode, ngroups):
-    """rows(t): a (dim, tokens)-like tensor as the scan layout (1 or batch, tokens, G, P)."""
+def _mamba1_problem(rows, bc, A, D, delta_bias, delta_softplus, ngroups, **state_fields):
+    """rows: (x, dt, z, y) in the scan layout (1 or batch, tokens, G, P); state_fields: the
+    ScanProblem's state, sequence and capture fields."""
     grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))
-    states = ssm_state.unflatten(1, (ngroups, -1))
     x, dt, z, y = rows
     return ScanProblem(
         x=x, dt=dt, A=grouped(A), B=bc[0], C=bc[1], D=grouped(D), z=z, dt_bias=grouped(delta_bias),
-        dt_softplus=bool(delta_softplus), dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
-        state_in=states, state_index=batch.state_indices, seqs=batch.seqs, captures=batch.captures,
-        y=y, state_out=states, captured=states,
-        has_initial=None if decode else batch.has_initial,
-        state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
+        dt_softplus=bool(delta_softplus), dt_min=-math.inf, dt_max=math.inf, a_per_state=True, y=y,
+        **state_fields)
+
+
+def _cache_fields(batch, ssm_state, ngroups, decode):
+    """The state fields of a scan in place in the cache, by the batch's slots."""
+    states = ssm_state.unflatten(1, (ngroups, -1))
+    return dict(state_in=states, state_index=batch.state_indices, seqs=batch.seqs, captures=batch.captures,
+                state_out=states, captured=states, has_initial=None if decode else batch.has_initial,
+                state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
 
 
 def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
-                   delta_softplus=False, backend="auto") -> None:
+                   delta_softplus=False, backend="auto", algorithm="recurrent", chunk_size=None) -> None:
     """One Mamba-1 layer's scan over a prefill step (selective_scan_fn's varlen layout).
 
     u, delta, z, out: (dim, ntokens); A: (dim, dstate) float32; B, C: (dstate, ntokens) or
     (ngroups, dstate, ntokens); D, delta_bias: (dim,); ssm_state: (nslots, dim, dstate) cache.
+    algorithm, chunk_size: as in mamba2_prefill, with mamba1_scan's chunked algorithm (chunk_size
+    default 64, at most 256; "auto" from ssm_kernels.scan.mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS).
     """
     device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=1)
     _check_batch(batch, PrefillBatch, device)
     backend = resolve_backend(backend, device)
+    chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
     rows = lambda t: None if t is None else t.unflatten(0, (ngroups, -1)).permute(2, 0, 1).unsqueeze(0)
     bc = lambda t: (t.unsqueeze(0) if t.ndim == 2 else t).permute(2, 0, 1).unsqueeze(0)  # (1, T, G, N)
-    dispatch.run(_mamba1_problem(batch, (rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D,
-                                 delta_bias, delta_softplus, ssm_state, False, ngroups), backend)
+    problem = lambda y, **fields: _mamba1_problem((rows(u), rows(delta), rows(z), rows(y)), (bc(B), bc(C)), A, D,
+                                                  delta_bias, delta_softplus, ngroups, **fields)
+    if chunked.resolve(algorithm, batch, device, mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS) == "chunked":
+        chunked.run_mamba1(batch, problem, out, ssm_state, ngroups, backend, chunk_size)
+    else:
+        dispatch.run(problem(out, **_cache_fields(batch, ssm_state, ngroups, False)), backend)
 
 
 def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
@@ -179,8 +212,8 @@ def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=No
     backend = resolve_backend(backend, device)
     rows = lambda t: None if t is None else t.unflatten(1, (ngroups, -1)).unsqueeze(1)  # (batch, 1, G, P)
     bc = lambda t: (t.unsqueeze(1) if t.ndim == 2 else t).unsqueeze(1)  # (batch, 1, G, N)
-    dispatch.run(_mamba1_problem(batch, (rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D,
-                                 delta_bias, delta_softplus, ssm_state, True, ngroups), backend)
+    dispatch.run(_mamba1_problem((rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D, delta_bias,
+                                 delta_softplus, ngroups, **_cache_fields(batch, ssm_state, ngroups, True)), backend)
 
 
 def _check_conv(x, weight, bias, conv_state, out, activation):

@@ -13,6 +13,9 @@ plugins as usual, and `SSM_KERNELS_VLLM=0` turns this one off. What it changes:
   pass into its own cache block, which the prefix cache keeps (captures.py has the policy); vLLM
   keeps only the prompt's tail. Mamba-1 layers get vLLM's in-pass tail checkpoint too, and no
   pass is cut at a shared-prefix junction any more (its state is captured in-pass instead).
+- Prefill scans run the algorithm `SSM_KERNELS_VLLM_PREFILL_ALGORITHM` names (mixers.py):
+  "auto" (default: chunked on CUDA, recurrent on CPU), "chunked" or "recurrent". Captures stay
+  in-pass with either.
 
 It checks vLLM's version and the signatures it patches; where they differ from what it was
 written against it leaves vLLM as it is and logs one warning.
@@ -106,6 +109,13 @@ def install() -> bool:
         reason = check_compatible()
     except Exception as e:  # an import path that moved is a mismatch too
         reason = f"vLLM's Mamba code is not where this plugin expects it ({type(e).__name__}: {e})"
+    if reason is None:
+        from . import mixers
+
+        try:
+            _state["prefill_algorithm"] = mixers.prefill_algorithm()
+        except ValueError as e:
+            reason = str(e)
     if reason is not None:
         _state["reason"] = reason
         logger.warning("ssm-prefill-kernels: leaving vLLM's own Mamba kernels in place: %s", reason)

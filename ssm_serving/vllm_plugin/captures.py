@@ -172,6 +172,17 @@ def _tail_checkpoint(builder, md, common, rows):
     return ckpt_builder.build(common, rows)
 
 
+def attach_start_positions(md, common) -> None:
+    """Each prefill row's computed-token count (its absolute start position), from vLLM's host
+    metadata (seq_lens_cpu_upper_bound is exact for prefill rows): the chunked scan's grid."""
+    md._ssm_start_positions = None
+    if md.num_prefills == 0:
+        return
+    rows = range(common.num_reqs - md.num_prefills, common.num_reqs)
+    seq_lens, starts = common.seq_lens_cpu_upper_bound.tolist(), common.query_start_loc_cpu.tolist()
+    md._ssm_start_positions = [seq_lens[r] - (starts[r + 1] - starts[r]) for r in rows]
+
+
 def attach_captures(builder, md, common) -> None:
     """List the step's captures on `md`: rows (prefill row), offsets, block-table (request row,
     column) pairs, and the gathered slots."""
@@ -179,15 +190,12 @@ def attach_captures(builder, md, common) -> None:
     if md.num_prefills == 0 or builder.kv_cache_spec.mamba_cache_mode != "align":
         return
     bs = builder.kv_cache_spec.block_size
-    first = common.num_reqs - md.num_prefills
-    rows = list(range(first, common.num_reqs))
+    rows = list(range(common.num_reqs - md.num_prefills, common.num_reqs))
     seq_lens = common.seq_lens_cpu_upper_bound.tolist()
-    starts = common.query_start_loc_cpu.tolist()
     interval = bs if _builder_active(builder) else 0  # propose every block end; the scheduler picks
     entries = {}  # (prefill row, offset) -> (request row, column)
-    for i, r in enumerate(rows):
+    for i, (r, computed) in enumerate(zip(rows, md._ssm_start_positions)):
         seq_len = seq_lens[r]
-        computed = seq_len - (starts[r + 1] - starts[r])
         for c in block_end_columns(_cdiv(computed, bs), seq_len, bs, interval):
             entries[(i, (c + 1) * bs - computed)] = (r, c)
     checkpoint = _tail_checkpoint(builder, md, common, rows)
@@ -234,6 +242,7 @@ def patch_builder(builder_cls) -> None:
 
     def build_with_captures(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
         md = build(self, common_prefix_len, common_attn_metadata, *args, **kwargs)
+        attach_start_positions(md, common_attn_metadata)
         attach_captures(self, md, common_attn_metadata)
         gather_slots(md, common_attn_metadata.block_table_tensor)
         return md
@@ -242,6 +251,7 @@ def patch_builder(builder_cls) -> None:
         new = update_block_table(self, metadata, blk_table, slot_mapping)
         # Another KV-cache group with the same spec: its own blocks for the same columns.
         new._ssm_capture = getattr(metadata, "_ssm_capture", None)
+        new._ssm_start_positions = getattr(metadata, "_ssm_start_positions", None)
         gather_slots(new, blk_table)
         return new
 

@@ -6,17 +6,43 @@ the conv and the scan are this library's, writing the states in place into vLLM'
 with every capture the step asks for (vLLM's prompt-tail checkpoint and the block ends of
 captures.py) written in the same pass. Anything these do not cover (speculative decoding,
 ReplaySSM, the profile run) goes to vLLM's own method.
+
+Prefill scans run the engine's algorithm named by the env SSM_KERNELS_VLLM_PREFILL_ALGORITHM:
+"auto" (default: the chunked scan on CUDA from a few dozen tokens, where it is modelled several
+times faster than the recurrent one at long passes; the recurrent scan on CPU, where PyTorch's
+chunked path measured slower at the plugin's shapes), "chunked" or "recurrent". The chunked
+scan's grid sits at each request's computed-token count, with the model's chunk size for Mamba-2
+(the engine's default, 64, for Mamba-1).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from ssm_kernels import engine
+from ssm_kernels.scan import chunked
 
 from . import captures
 
 # vLLM's own methods, set by install() before these are bound.
 ORIGINAL: dict[str, object] = {}
+ENV_ALGORITHM = "SSM_KERNELS_VLLM_PREFILL_ALGORITHM"
+
+
+def prefill_algorithm() -> str:
+    """The prefill scans' algorithm: "auto" (default), "chunked" or "recurrent"."""
+    value = os.environ.get(ENV_ALGORITHM, "").strip() or "auto"
+    if value not in chunked.ALGORITHMS:
+        raise ValueError(f"{ENV_ALGORITHM} must be one of {chunked.ALGORITHMS}, got {value!r}")
+    return value
+
+
+def _chunk_size(md):
+    """vLLM's Mamba-2 chunk size where the chunked scan takes it, else None (its default)."""
+    size = getattr(md, "chunk_size", None)
+    valid = isinstance(size, int) and 16 <= size <= chunked.MAX_CHUNK_SIZE and not size & (size - 1)
+    return size if valid else None
 
 
 def _layer_metadata(prefix: str):
@@ -44,10 +70,12 @@ def _prefill_batch(md):
     if batch is None:
         seq, offset, slot = captures.step_captures(md)
         validate = _validate(md.query_start_loc_p)
+        # The chunked scan plans on the host: its batch reads the step's indices back once.
+        positions = getattr(md, "_ssm_start_positions", None) if prefill_algorithm() != "recurrent" else None
         batch = engine.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
                                      has_initial_state=md.has_initial_states_p, capture_seq=seq,
                                      capture_offset=offset, capture_slot=slot,
-                                     skip_slot=engine.PAD_SLOT_ID, validate=validate)
+                                     skip_slot=engine.PAD_SLOT_ID, validate=validate, start_positions=positions)
         md._ssm_prefill_batch = batch
     return batch
 
@@ -87,7 +115,8 @@ def mamba2_conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.
         x, B, C = scan_inputs(conv_out, npf)
         engine.mamba2_prefill(batch, x, dt_p, self.A, B, C, ssm_state=ssm_state,
                               out=out_p.view(npf, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
-                              dt_softplus=True, dt_limit=(0.0, float("inf")))
+                              dt_softplus=True, dt_limit=(0.0, float("inf")), algorithm=prefill_algorithm(),
+                              chunk_size=_chunk_size(md))
     if md.num_decodes > 0:
         batch = _decode_batch(md)
         conv_out = torch.empty_like(xbc_d)
@@ -130,7 +159,8 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
         dt, B, C = self._ssm_transform(conv_out.transpose(-2, -1))  # dt: (dim, tokens); B, C: (tokens, dstate)
         y = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()
         engine.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y, D=self.D,
-                              z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True)
+                              z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True,
+                              algorithm=prefill_algorithm())
         outs.append(y)
     y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
     output[:nd + npf] = self.out_proj(y.transpose(-2, -1))[0]

@@ -1,0 +1,144 @@
+"""The prefill ops' chunked algorithm: the chunked scans of mamba2_scan and mamba1_scan on an
+engine's batch, with states read from and written to the cache by slot.
+
+A thin layer around the public chunked pipelines: gather the rows' initial states from their
+slots (zeros where a row starts fresh), run the chunked scan on the packed pass with the chunk
+grid at the rows' absolute start positions, then store the final states and captures into their
+slots rounded to the cache's dtype to nearest even, as the recurrent kernels store them. Unlike
+the recurrent path this allocates per call: the chunked workspace, the gathered initial states,
+the float32 final and captured states (and a staging output when a skipped row has tokens). The
+index tables are built once per step, on the first layer, and kept on the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._common import CaptureTable, Sequences, make_capture_table
+from ..scan import chunked, mamba1_chunked
+from ..scan.chunked import make_plan, run_chunked_torch, run_chunked_triton
+from ..scan.mamba2 import mamba2_problem
+from .batch import PrefillBatch
+
+
+@dataclass(frozen=True)
+class ChunkedStep:
+    """A step's device tables for the chunked path (see HostStep).
+
+    gather: (nseq,) slot each row's initial state is read from (0 for rows that read none);
+    fresh: rows that start from zeros (no initial state, or skipped);
+    seqs, captures: the pass for the chunked scan, its capture rows numbered 0..ncapture-1;
+    final_rows, final_slots: live rows and the slots their final states go to;
+    capture_slots: (ncapture,) the slot of each capture row;
+    live_tokens: token indices of the live rows when a skipped row has tokens, else None (the
+        scan then writes `out` directly).
+    """
+
+    gather: torch.Tensor
+    fresh: torch.Tensor
+    seqs: Sequences
+    captures: CaptureTable
+    final_rows: torch.Tensor
+    final_slots: torch.Tensor
+    capture_slots: torch.Tensor
+    live_tokens: torch.Tensor | None
+
+
+def _step(batch: PrefillBatch) -> ChunkedStep:
+    host = batch.host
+    step = host.prepared.get("step")
+    if step is not None:
+        return step
+    device = batch.seqs.cu_seqlens.device
+    index = lambda values: torch.tensor(values, dtype=torch.int64, device=device)
+    live = [s for s, slot in enumerate(host.slots) if slot != batch.skip_slot]
+    reads = [slot != batch.skip_slot and h for slot, h in zip(host.slots, host.has_initial)]
+    seqs = batch.seqs  # varlen, with the true lengths on the host (read back for start_positions)
+    bounds = [0]
+    for length in seqs.lengths:
+        bounds.append(bounds[-1] + length)
+    skipped_tokens = any(n for n, slot in zip(seqs.lengths, host.slots) if slot == batch.skip_slot)
+    step = ChunkedStep(
+        gather=index([slot if r else 0 for slot, r in zip(host.slots, reads)]),
+        fresh=index([s for s, r in enumerate(reads) if not r]),
+        seqs=seqs,
+        captures=make_capture_table([(s, k) for s, k, _ in host.captures], seqs, device),
+        final_rows=index(live), final_slots=index([host.slots[s] for s in live]),
+        capture_slots=index([slot for _, _, slot in host.captures]),
+        live_tokens=index([t for s in live for t in range(bounds[s], bounds[s + 1])]) if skipped_tokens else None)
+    host.prepared["step"] = step
+    return step
+
+
+def resolve(algorithm, batch: PrefillBatch, device, auto_min_tokens: int) -> str:
+    """The algorithm to run, "recurrent" or "chunked": "auto" as the public scans decide, and
+    recurrent for a batch without start positions (the chunked grid needs them)."""
+    chunked.resolve_algorithm(algorithm, device, batch.seqs)  # checks the name
+    if algorithm == "chunked" and batch.host is None:
+        raise ValueError("algorithm='chunked' needs each row's absolute start position: build the batch with "
+                         "prefill_batch(..., start_positions=...)")
+    if algorithm != "auto":
+        return algorithm
+    longest = max(batch.seqs.lengths, default=0)
+    use = batch.host is not None and device.type == "cuda" and longest >= auto_min_tokens
+    return "chunked" if use else "recurrent"
+
+
+def _initial_states(step: ChunkedStep, cache: torch.Tensor) -> torch.Tensor:
+    init = cache.index_select(0, step.gather).float()  # a new tensor, whatever the cache's dtype
+    return init.index_fill_(0, step.fresh, 0.0)
+
+
+def _store(step: ChunkedStep, cache, final, captured) -> None:
+    cache.index_copy_(0, step.final_slots, final.index_select(0, step.final_rows).to(cache.dtype))
+    if step.capture_slots.numel():
+        cache.index_copy_(0, step.capture_slots, captured.to(cache.dtype))
+
+
+def _staged(step: ChunkedStep, out: torch.Tensor) -> torch.Tensor:
+    return out if step.live_tokens is None else torch.empty_like(out)
+
+
+def _unstage(step: ChunkedStep, out, y, token_dim: int) -> None:
+    if y is not out:
+        out.index_copy_(token_dim, step.live_tokens, y.index_select(token_dim, step.live_tokens))
+
+
+def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
+                   backend: str, chunk_size: int) -> None:
+    """mamba2_prefill's chunked algorithm; arguments validated (x: (ntokens, nheads, headdim))."""
+    step = _step(batch)
+    plan = batch.host.prepared.get(("mamba2", chunk_size))
+    if plan is None:
+        plan = make_plan(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
+        batch.host.prepared[("mamba2", chunk_size)] = plan
+    nheads, headdim, dstate = ssm_state.shape[1:]
+    final = torch.empty(step.seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
+    captured = torch.empty(step.captures.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
+    y = _staged(step, out)
+    u = lambda t: None if t is None else t.unsqueeze(0)
+    problem = mamba2_problem(u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit,
+                             _initial_states(step, ssm_state), None, step.seqs, step.captures, u(y), final,
+                             captured)
+    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
+    _unstage(step, out, y, 0)
+    _store(step, ssm_state, final, captured)
+
+
+def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, backend: str,
+                   chunk_size: int) -> None:
+    """mamba1_prefill's chunked algorithm; arguments validated. make_problem(y, **fields) builds
+    the layer's ScanProblem writing y (a (dim, ntokens) tensor) with the given state fields."""
+    step = _step(batch)
+    dim, dstate = ssm_state.shape[1:]
+    final = torch.empty(step.seqs.count, dim, dstate, dtype=torch.float32, device=out.device)
+    captured = torch.empty(step.captures.count, dim, dstate, dtype=torch.float32, device=out.device)
+    y = _staged(step, out)
+    grouped = lambda t: t.unflatten(1, (ngroups, -1))
+    problem = make_problem(y, state_in=grouped(_initial_states(step, ssm_state)), state_index=None,
+                           seqs=step.seqs, captures=step.captures, state_out=grouped(final),
+                           captured=grouped(captured))
+    mamba1_chunked.run(problem, backend, chunk_size, batch.host.start_positions)
+    _unstage(step, out, y, 1)
+    _store(step, ssm_state, final, captured)

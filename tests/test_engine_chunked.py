@@ -1,0 +1,203 @@
+"""The engine prefill ops' chunked algorithm: the bits of mamba2_scan / mamba1_scan's chunked
+algorithm on the same rows, states in place in a cache by slot (skip rows, fresh rows, captures,
+cache dtypes), accurate against the float64 references, and a warm continuation from a grid point
+that equals the cold pass bit for bit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
+from ssm_kernels import engine, mamba1_scan, mamba2_scan
+from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref
+from test_engine import tensors_on_the_backends_device  # noqa: F401 (autouse: the Triton tests' device)
+
+BACKENDS = ["torch", "triton"]
+CHUNK = 16
+# Row 1 is empty, row 3 holds one token, row 5 is a padded row with tokens (skipped). Start
+# positions put rows on and off the chunk grid; row 2 crosses two grid points.
+LENGTHS = [5, 0, 21, 1, 4, 3]
+SLOTS = [4, 7, 1, 5, 6, -1]
+HAS_INIT = [True, False, True, True, False, True]
+POSITIONS = [16, 0, 13, 31, 32, 0]
+# (sequence, offset, slot): offsets 0, 1, len - 1 and len; the last one goes to the skip slot.
+CAPTURES = [(0, 1, 8), (2, 21, 0), (2, 0, 9), (2, 20, 3), (4, 4, 11), (0, 4, 10), (3, 0, 2), (2, 5, -1)]
+NSLOTS = 12
+LIVE = [s for s, slot in enumerate(SLOTS) if slot != -1]
+WRITTEN = [c for c in CAPTURES if c[2] != -1]
+
+
+def _cu():
+    return torch.tensor([0] + torch.tensor(LENGTHS).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _batch(positions=POSITIONS, captures=CAPTURES):
+    seq, off, slot = (torch.tensor(c) for c in zip(*captures))
+    return engine.prefill_batch(_cu(), torch.tensor(SLOTS, dtype=torch.int32),
+                                has_initial_state=torch.tensor(HAS_INIT), capture_seq=seq, capture_offset=off,
+                                capture_slot=slot, nslots=NSLOTS, start_positions=positions)
+
+
+def _initial(cache):
+    return torch.stack([cache[slot].float() if h and slot != -1 else torch.zeros_like(cache[0], dtype=torch.float32)
+                        for slot, h in zip(SLOTS, HAS_INIT)])
+
+
+def _live_tokens():
+    cu = _cu().tolist()
+    return torch.cat([torch.arange(cu[s], cu[s + 1]) for s in LIVE])
+
+
+def _check_cache(cache, before, final, captured):
+    """Final states and captures in their slots (rounded as stored), every other slot untouched."""
+    expected = {SLOTS[s]: final[s] for s in LIVE}
+    expected.update({slot: captured[i] for i, (_, _, slot) in enumerate(CAPTURES) if slot != -1})
+    for slot in range(NSLOTS):
+        want = expected[slot].to(cache.dtype) if slot in expected else before[slot]
+        assert torch.equal(cache[slot], want), f"slot {slot}"
+
+
+def _mamba2_case(cache_dtype):
+    kw = mamba2_inputs(1, sum(LENGTHS))
+    cache = torch.randn(NSLOTS, *kw["initial_states"].shape[1:]).to(cache_dtype)
+    return kw, cache
+
+
+def _mamba2_prefill(batch, kw, cache, out, **options):
+    engine.mamba2_prefill(batch, kw["x"][0], kw["dt"][0], kw["A"], kw["B"][0], kw["C"][0], ssm_state=cache, out=out,
+                          D=kw["D"], z=kw["z"][0], dt_bias=kw["dt_bias"], dt_softplus=True, **options)
+
+
+def _mamba1_prefill(batch, kw, cache, out, **options):
+    engine.mamba1_prefill(batch, kw["u"][0], kw["delta"][0], kw["A"], kw["B"][0], kw["C"][0], ssm_state=cache,
+                          out=out, D=kw["D"], z=kw["z"][0], delta_bias=kw["delta_bias"], delta_softplus=True,
+                          **options)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mamba2_chunked_prefill_matches_public_chunked_scan(backend, cache_dtype):
+    kw, cache = _mamba2_case(cache_dtype)
+    kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
+    cache = cache.to(torch.get_default_device())
+    before = cache.clone()
+    out = torch.full_like(kw["x"][0], float("nan"))
+    _mamba2_prefill(_batch(), kw, cache, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
+    ref = mamba2_scan(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
+                      dt_softplus=True, initial_states=_initial(before), cu_seqlens=_cu().to(cache.device),
+                      capture=[(s, k) for s, k, _ in CAPTURES], backend=backend, algorithm="chunked",
+                      chunk_size=CHUNK, start_positions=POSITIONS)
+    live = _live_tokens()
+    assert torch.equal(out[live], ref.y[0][live])
+    assert torch.isnan(out[-LENGTHS[-1]:]).all(), "the skipped row wrote its output"
+    _check_cache(cache, before, ref.final_states, ref.captured_states)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_mamba1_chunked_prefill_matches_public_chunked_scan(backend, cache_dtype):
+    kw = {k: v.to(torch.get_default_device()) for k, v in mamba1_inputs(1, sum(LENGTHS), ngroups=2).items()}
+    cache = torch.randn(NSLOTS, *kw["initial_states"].shape[1:]).to(cache_dtype)
+    before = cache.clone()
+    out = torch.full_like(kw["u"][0], float("nan"))
+    _mamba1_prefill(_batch(), kw, cache, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
+    ref = mamba1_scan(kw["u"], kw["delta"], kw["A"], kw["B"], kw["C"], D=kw["D"], z=kw["z"],
+                      delta_bias=kw["delta_bias"], delta_softplus=True, initial_states=_initial(before),
+                      cu_seqlens=_cu().to(cache.device), capture=[(s, k) for s, k, _ in CAPTURES], backend=backend,
+                      algorithm="chunked", chunk_size=CHUNK, start_positions=POSITIONS)
+    live = _live_tokens()
+    assert torch.equal(out[:, live], ref.y[0][:, live])
+    assert torch.isnan(out[:, -LENGTHS[-1]:]).all(), "the skipped row wrote its output"
+    _check_cache(cache, before, ref.final_states, ref.captured_states)
+
+
+def test_chunked_prefill_against_float64_references():
+    live = _live_tokens()
+    tol = TOLERANCE[torch.float32]
+    kw, cache = _mamba2_case(torch.float32)
+    init = _initial(cache)
+    out = torch.empty_like(kw["x"][0])
+    _mamba2_prefill(_batch(), kw, cache, out, algorithm="chunked", chunk_size=CHUNK)
+    ref = mamba2_scan_ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
+                          dt_softplus=True, initial_states=init, cu_seqlens=_cu(),
+                          capture=[(s, k) for s, k, _ in CAPTURES])
+    assert_rel_close(out[live], ref.y[0][live], tol, "mamba2 y")
+    for i, (_, _, slot) in enumerate(WRITTEN):
+        assert_rel_close(cache[slot], ref.captured_states[i], tol, f"mamba2 capture {i}")
+
+    kw = mamba1_inputs(1, sum(LENGTHS))
+    cache = torch.randn(NSLOTS, *kw["initial_states"].shape[1:])
+    init = _initial(cache)
+    out = torch.empty_like(kw["u"][0])
+    _mamba1_prefill(_batch(), kw, cache, out, algorithm="chunked", chunk_size=CHUNK)
+    ref = mamba1_scan_ref(kw["u"], kw["delta"], kw["A"], kw["B"], kw["C"], D=kw["D"], z=kw["z"],
+                          delta_bias=kw["delta_bias"], delta_softplus=True, initial_states=init, cu_seqlens=_cu(),
+                          capture=[(s, k) for s, k, _ in CAPTURES])
+    assert_rel_close(out[:, live], ref.y[0][:, live], tol, "mamba1 y")
+    for s in LIVE:
+        assert_rel_close(cache[SLOTS[s]], ref.final_states[s], tol, f"mamba1 final state {s}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layer", ["mamba2", "mamba1"])
+def test_warm_continuation_from_a_grid_point_equals_the_cold_pass(backend, layer):
+    """A 40-token prompt cold (capturing the state at 32 into slot 2), then its last 8 tokens warm
+    from slot 2 at start position 32: y and the final state bit for bit."""
+    n, cut = 40, 2 * CHUNK
+    device = torch.get_default_device()
+    if layer == "mamba2":
+        kw = {k: v.to(device) for k, v in mamba2_inputs(1, n).items()}
+        run, tokens, out = _mamba2_prefill, (lambda t, a, b: t[:, a:b]), torch.empty_like(kw["x"][0])
+        state_shape = kw["initial_states"].shape[1:]
+    else:
+        kw = {k: v.to(device) for k, v in mamba1_inputs(1, n).items()}
+        run, tokens, out = _mamba1_prefill, (lambda t, a, b: t[..., a:b]), torch.empty_like(kw["u"][0])
+        state_shape = kw["initial_states"].shape[1:]
+    cache = torch.zeros(3, *state_shape)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32)
+    cold = engine.prefill_batch(i32(0, n), i32(0), has_initial_state=torch.tensor([False]), capture_seq=i32(0),
+                                capture_offset=i32(cut), capture_slot=i32(2), start_positions=[0])
+    run(cold, kw, cache, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
+    warm_kw = {k: tokens(v, cut, n) if v.ndim >= 2 and v.shape[0] == 1 else v for k, v in kw.items()}
+    warm_out = torch.empty_like(tokens(out[None], cut, n)[0])
+    warm = engine.prefill_batch(i32(0, n - cut), i32(2), has_initial_state=torch.tensor([True]),
+                                start_positions=torch.tensor([cut]))
+    run(warm, warm_kw, cache, warm_out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
+    assert torch.equal(warm_out, tokens(out[None], cut, n)[0])
+    assert torch.equal(cache[2], cache[0])
+
+
+def test_auto_runs_the_recurrent_scan_on_cpu():
+    kw, cache = _mamba2_case(torch.float32)
+    outs, caches = [], []
+    for algorithm in ("auto", "recurrent"):
+        c, out = cache.clone(), torch.empty_like(kw["x"][0])
+        _mamba2_prefill(_batch(), kw, c, out, algorithm=algorithm)
+        outs.append(out[_live_tokens()])
+        caches.append(c)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(caches[0], caches[1])
+
+
+def test_bad_chunked_arguments_raise_naming_them():
+    kw, cache = _mamba2_case(torch.float32)
+    before = cache.clone()
+    out = torch.zeros_like(kw["x"][0])
+    with pytest.raises(ValueError, match="start_positions"):
+        _mamba2_prefill(_batch(positions=None), kw, cache, out, algorithm="chunked")
+    with pytest.raises(ValueError, match="start_positions"):
+        _batch(positions=POSITIONS[:-1])
+    with pytest.raises(TypeError, match="start_positions"):
+        _batch(positions=torch.tensor(POSITIONS, dtype=torch.float32))
+    with pytest.raises(TypeError, match="start_positions"):
+        _batch(positions=torch.tensor([POSITIONS]))
+    with pytest.raises(ValueError, match=r"start_positions\[1\]"):
+        _batch(positions=[0, -1, 0, 0, 0, 0])
+    for chunk_size, error in ((24, ValueError), (8, ValueError), (2048, ValueError), (16.0, TypeError)):
+        with pytest.raises(error, match="chunk_size"):
+            _mamba2_prefill(_batch(), kw, cache, out, algorithm="chunked", chunk_size=chunk_size)
+    with pytest.raises(ValueError, match="chunk_size"):
+        _mamba1_prefill(_batch(), mamba1_inputs(1, sum(LENGTHS)), torch.zeros(NSLOTS, 12, 8),
+                        torch.zeros(12, sum(LENGTHS)), algorithm="chunked", chunk_size=512)
+    with pytest.raises(ValueError, match="algorithm"):
+        _mamba2_prefill(_batch(), kw, cache, out, algorithm="ssd")
+    assert torch.equal(cache, before) and not out.any(), "a refused call wrote"
