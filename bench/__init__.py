@@ -1,13 +1,32 @@
-"""Benchmarks of the scan kernels (``python -m bench.scan``) and of the planner and serving
-policies (``python -m bench.serve``); ``bench/gpu_suite.sh`` runs everything on a GPU.
+"""Benchmarks of the scan kernels (``python -m bench.scan``), of the planner and serving policies
+(``python -m bench.serve``), the static cost report (``python -m bench.static``); run from the
+repository root. ``bench/gpu_suite.sh`` runs the measuring ones on a GPU.
 
-Without CUDA every benchmark runs in its reduced mode (small shapes, the PyTorch path and the
-Triton interpreter) and labels every output CPU. The interpreter must be chosen before triton is
-first imported, hence here, before any submodule imports triton or ssm_kernels.
+Importing bench changes nothing. Whether Triton kernels run compiled or through the interpreter
+is fixed, per kernel, when the module defining it is imported (triton.jit reads TRITON_INTERPRET
+as it decorates), so each entry point chooses before it imports any kernel, with
+`use_triton_interpreter`: the measuring benchmarks choose the interpreter exactly when there is
+no CUDA, bench.static compiles (it never launches), bench.counts interprets.
 """
+from __future__ import annotations
+
 import os
+import sys
 
-import torch
+KERNEL_PACKAGES = ("ssm_kernels", "mamba_ssm")
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+def use_triton_interpreter(on: bool | None = None) -> None:
+    """Run this process's Triton kernels through the interpreter (on) or compiled (off); None:
+    the interpreter exactly when there is no CUDA. Raises RuntimeError if a kernel package was
+    already imported under the other choice."""
+    if on is None:
+        import torch
+        on = not torch.cuda.is_available()
+    value = "1" if on else "0"
+    current = "1" if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes") else "0"
+    imported = [name for name in KERNEL_PACKAGES if name in sys.modules]
+    if imported and current != value:
+        raise RuntimeError(f"{', '.join(imported)} already imported with TRITON_INTERPRET={current}; "
+                           f"choose the Triton mode before importing the kernels")
+    os.environ["TRITON_INTERPRET"] = value

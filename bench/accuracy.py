@@ -14,9 +14,10 @@ import sys
 
 import torch
 
-from . import common
+from . import common, use_triton_interpreter
 
-from ssm_kernels import mamba2_scan  # noqa: E402  (after bench sets TRITON_INTERPRET on CPU)
+use_triton_interpreter()  # the interpreter without CUDA; before the kernels are imported
+from ssm_kernels import mamba2_scan  # noqa: E402
 from ssm_kernels.scan.reference import mamba2_scan_ref  # noqa: E402
 
 

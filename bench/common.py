@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
-import bench  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton is imported)
 import triton
 import triton.testing
 

@@ -1,35 +1,47 @@
-"""What a call's kernels do, counted by running them through the Triton interpreter on a sample
-of their programs at reduced sizes: bytes loaded and stored (masked-off elements excluded), dot
-FLOPs, transcendental evaluations (exp, log, ... : the MUFU work) and how many times each source
-line ran, per chain of call sites (a helper called from two places counts apart for each, as the
-SASS inlines it twice).
+"""What a call's kernels do, counted by running them through the Triton interpreter: bytes
+loaded, stored and updated atomically (masked-off elements excluded), per storage and in total,
+dot FLOPs, transcendental evaluations (exp, log, ... : the MUFU work) and how many times each
+source line ran, per chain of call sites (a helper called from two places counts apart for each,
+as the SASS inlines it twice). The one counter of kernel work: the static report (bench.static)
+and the chunked scan's cost test (tests/test_chunked_cost.py) both use it.
 
-Run in a subprocess with TRITON_INTERPRET=1 (`count(requests)` starts it; `python -m
-bench.counts` is its entry point, JSON in and out). Every launch of the call is intercepted
-(bench.launches.intercepting_interpreted) and, instead of running its whole grid, runs the
-programs at the two ends of each grid axis longer than two (all of a shorter axis), and weighs
-each by the number of programs it stands for. The two ends give the exact mean of anything that
-varies linearly along an axis (a causal block loop, a ragged last chunk weighs as it should only
-when it is one of two). Totals are for the whole grid.
+Bytes: an access counts the distinct addresses its unmasked elements ask for times their size (an
+address that several elements of one load share, a tile broadcast over some axes, counts once:
+the lanes ask for it in the same instruction); each access counts, so a tile re-read per program
+counts per program. Per storage (each tensor argument's underlying storage, named by the
+arguments that point into it, the first three: "state_ptr/out_ptr") the counts show the re-reads: a storage
+needs at most its size loaded and its size stored from HBM (bench.model.traffic).
 
-A call is counted at two reduced sizes (tokens of a prefill, or a decode batch) and every total is
-extrapolated linearly to the real size: per-program work of these kernels is constant or linear
-in the size (a loop over tokens or chunks), and grids grow linearly with it. The counting sizes
-are multiples of the chunk size (256) so that chunk and tile grids are full at both sizes, as at
-the real ones. `extrapolate` checks that the two sizes launched the same kernels in the same order.
+`counting(sample=...)` counts the launches of whatever runs inside it, in this process (which
+must have defined the kernels under TRITON_INTERPRET=1). With sample=False every program runs;
+with sample=True (the static report) each launch runs only the programs at the two ends of each
+grid axis longer than two (all of a shorter axis), each weighed by the number of programs it
+stands for: the two ends give the exact mean of anything that varies linearly along an axis (a
+causal block loop; a ragged last chunk weighs as it should only when it is one of two).
+`count(requests)` counts workload calls in an interpreter subprocess (`python -m bench.counts`,
+JSON in and out). Totals are for the whole grid.
+
+The static report counts a call at two reduced sizes (tokens of a prefill, or a decode batch) and
+extrapolates every total linearly to the real size, storage sizes included: per-program work of
+these kernels is constant or linear in the size (a loop over tokens or chunks), and grids and
+tensors grow linearly with it. The counting sizes are multiples of the chunk size (256) so that
+chunk and tile grids are full at both sizes, as at the real ones. `extrapolate` checks that the
+two sizes launched the same kernels in the same order.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
-import os
 import subprocess
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 
 TRANSCENDENTALS = ("create_exp", "create_exp2", "create_log", "create_log2", "create_sqrt", "create_rsqrt",
                    "create_precise_sqrt", "create_sin", "create_cos", "create_erf", "create_fdiv",
                    "create_precise_divf")
+OUTSIDE = "(no argument)"  # accesses outside every tensor argument's storage (none expected)
+CACHE_LINE = 128  # bytes: programs share data when they touch a common line
 
 
 def sample_axis(n: int) -> list[int]:
@@ -38,44 +50,75 @@ def sample_axis(n: int) -> list[int]:
 
 
 class _Counter:
-    """Accumulates one launch's counts while its sampled programs run."""
+    """Accumulates one launch's counts while its programs run."""
 
-    def __init__(self, ranges):
+    def __init__(self, storages: dict[tuple[int, int], str], grid: tuple[int, int, int]):
         self.weight = 1.0
         self.totals = Counter()
         self.lines = Counter()
-        self.ranges = ranges  # (first byte, end) of each tensor argument's storage, distinct
-        self.per_storage = Counter()
+        self.storages = storages  # (first byte, end) of each argument's storage -> its name
+        self.per_storage = defaultdict(Counter)
+        self.grid = grid
+        self.ends = [set(sample_axis(n)) for n in grid]
+        self.program = None  # the running program's (x, y, z) while it is one at the ends of every axis
+        self.touched = defaultdict(list)  # (program, storage) -> arrays of the cache lines it touched
+
+    def run_program(self, x: int, y: int, z: int):
+        at_ends = x in self.ends[0] and y in self.ends[1] and z in self.ends[2]
+        self.program = (x, y, z) if at_ends else None
 
     def add(self, key, amount):
         self.totals[key] += amount * self.weight
 
-    def add_access(self, kind, ptrs, mask, elem_bytes):
-        """Bytes of a masked load/store, in total and per storage (by the address it starts at).
-        An address that several elements of one access share (a tile broadcast over some of its
-        axes) counts once: the warps' lanes ask for it in the same instruction."""
+    def add_access(self, kind: str, ptrs, mask, elem_bytes: int, factor: int = 1):
+        """Bytes of a masked access (module doc), in total and per storage (by the address it
+        starts at); an atomic read-modify-write counts its bytes twice (factor 2)."""
         import numpy as np
         active = np.unique(np.asarray(ptrs.data)[np.broadcast_to(mask.data, np.shape(ptrs.data))])
-        amount = int(np.size(active)) * elem_bytes
+        amount = int(np.size(active)) * elem_bytes * factor
         if not amount:
             return
         self.add(f"bytes_{kind}", amount)
         first = int(np.min(active))
-        storage = next((r for r in self.ranges if r[0] <= first < r[1]), None)
-        self.per_storage[storage, kind] += amount * self.weight
+        name = next((n for (lo, hi), n in self.storages.items() if lo <= first < hi), OUTSIDE)
+        self.per_storage[name][kind] += amount * self.weight
+        if self.program is not None:
+            self.touched[self.program, name].append(np.unique(active // CACHE_LINE))
 
-    def unique_bytes(self) -> float:
-        """Bytes each storage must move at least: what was loaded from it, at most its size, and
-        what was stored to it, at most its size (an access outside every argument's storage counts
-        in full)."""
-        return float(sum(amount if r is None else min(amount, r[1] - r[0])
-                         for (r, _), amount in self.per_storage.items()))
+    def reuse_stride(self, name: str) -> int | None:
+        """How far apart, in launch order (x fastest, then y, then z), programs that read common
+        data of a storage are: the stride of the fastest grid axis along which two programs at
+        its two ends (the other coordinates equal) touch a common cache line; None when no axis
+        shares (data re-read inside a program, or by neighbours only)."""
+        import numpy as np
+        lines = {prog: np.unique(np.concatenate(arrays)) for (prog, n), arrays in self.touched.items() if n == name}
+        for axis in range(3):
+            last = self.grid[axis] - 1
+            for prog, mine in lines.items():
+                if prog[axis] != 0 or last == 0:
+                    continue
+                other = lines.get(prog[:axis] + (last,) + prog[axis + 1:])
+                if other is not None and np.intersect1d(mine, other, assume_unique=True).size:
+                    return int(np.prod(self.grid[:axis]))
+        return None
+
+    def storage_counts(self) -> dict[str, dict[str, float]]:
+        """{storage name: {"loaded", "stored", "atomic": bytes, "size": its bytes, "reuse_stride":
+        programs (absent when None)}}."""
+        sizes = {name: hi - lo for (lo, hi), name in self.storages.items()}
+        out = {}
+        for name, c in self.per_storage.items():
+            stride = self.reuse_stride(name)
+            out[name] = {"loaded": float(c["loaded"]), "stored": float(c["stored"]), "atomic": float(c["atomic"]),
+                         **({"size": float(sizes[name])} if name in sizes else {}),
+                         **({"reuse_stride": float(stride)} if stride is not None else {})}
+        return out
 
 
-def _install_counting(counter: _Counter):
+def _install_counting(counter: _Counter, lines: bool):
     """Wrap the interpreter builder's memory, dot and transcendental ops so that they add to
-    `counter`, and count the lines the kernels' (rewritten) code runs; returns a function that
-    undoes it."""
+    `counter`, and (lines) count the lines the kernels' (rewritten) code runs, which takes most
+    of the time; returns a function that undoes it."""
     import numpy as np
     from triton.runtime import interpreter
 
@@ -101,8 +144,8 @@ def _install_counting(counter: _Counter):
         "loaded", ptrs, mask, elem_bytes(ptrs)))
     wrap("create_masked_store", lambda ptrs, value, mask, *a, **k: counter.add_access(
         "stored", ptrs, mask, elem_bytes(ptrs)))
-    wrap("create_atomic_rmw", lambda op, ptrs, val, mask, *a, **k: counter.add(
-        "bytes_atomic", 2 * int(np.count_nonzero(mask.data)) * elem_bytes(ptrs)))
+    wrap("create_atomic_rmw", lambda op, ptrs, val, mask, *a, **k: counter.add_access(
+        "atomic", ptrs, mask, elem_bytes(ptrs), factor=2))
 
     def dot(a, b, d, *args, **kwargs):
         m, k_ = a.data.shape[-2:]
@@ -143,7 +186,8 @@ def _install_counting(counter: _Counter):
 
         return on_line
 
-    sys.settrace(tracer)
+    if lines:
+        sys.settrace(tracer)
 
     def undo():
         sys.settrace(None)
@@ -153,61 +197,88 @@ def _install_counting(counter: _Counter):
     return undo
 
 
-def _run_sampled(fn, args, kwargs, grid) -> dict:
-    """Run the sampled programs of one launch of InterpretedFunction `fn`; return its counts."""
+def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool) -> dict:
+    """Run one launch of InterpretedFunction `fn` (its sampled programs, or all); its counts."""
     from triton.runtime import interpreter
 
     executor = interpreter.GridExecutor(fn.rewrite(), fn.arg_names, grid)
     argspec = inspect.getfullargspec(executor.fn)
     kwargs = {k: v for k, v in kwargs.items() if k in argspec.args or k in argspec.kwonlyargs}
     args_hst, kwargs_hst = executor._init_args_hst(args, kwargs)
-    storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-                for t in list(args_hst) + list(kwargs_hst.values()) if hasattr(t, "untyped_storage")}
-    counter = _Counter(sorted(storages))
     scope = interpreter._patch_lang(executor.fn)
     try:
         call_args = inspect.getcallargs(executor.fn, *args_hst, **kwargs_hst)
+        storages = {}
+        for name, arg in call_args.items():
+            if hasattr(arg, "untyped_storage"):
+                storage = arg.untyped_storage()
+                storages.setdefault((storage.data_ptr(), storage.data_ptr() + storage.nbytes()), []).append(name)
         call_args = {name: arg if name in executor.constexprs else interpreter._implicit_cvt(arg)
                      for name, arg in call_args.items()}
         grid = grid(call_args) if callable(grid) else grid
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        counter = _Counter({bounds: "/".join(names[:3] + ["..."] * (len(names) > 3))
+                            for bounds, names in storages.items()}, grid)
         interpreter.interpreter_builder.set_grid_dim(*grid)
-        samples = [sample_axis(n) for n in grid]
-        counter.weight = 1.0
+        samples = [sample_axis(n) if sample else list(range(n)) for n in grid]
         for n, s in zip(grid, samples):
             counter.weight *= n / len(s) if s else 0.0
-        undo = _install_counting(counter)
+        undo = _install_counting(counter, lines)
         try:
             for x in samples[0]:
                 for y in samples[1]:
                     for z in samples[2]:
                         interpreter.interpreter_builder.set_grid_idx(x, y, z)
+                        counter.run_program(x, y, z)
                         executor.fn(**call_args)
         finally:
             undo()
     finally:
         scope.restore()
     executor._restore_args_dev(args, args_hst, kwargs, kwargs_hst)
-    return {"kernel": fn.fn.__name__, "grid": list(grid), "sampled": [len(s) for s in samples],
-            **{k: float(v) for k, v in counter.totals.items()}, "bytes_unique": counter.unique_bytes(),
-            "lines": dict(counter.lines)}
+    totals = {k: float(counter.totals[k]) for k in ("bytes_loaded", "bytes_stored", "bytes_atomic", "dot_flops",
+                                                    "transcendentals")}
+    return {"kernel": fn.fn.__name__, "grid": list(grid), "sampled": [len(s) for s in samples], **totals,
+            "storages": counter.storage_counts(), "lines": dict(counter.lines)}
 
 
-def count_here(workload: str, shape, size: int, peer: bool) -> list[dict]:
-    """Counts of every launch of one workload call at one size (in this process, which must run
-    the interpreter)."""
+@contextlib.contextmanager
+def counting(sample: bool = True, lines: bool = True):
+    """Inside, every Triton kernel launch runs through the interpreter with its work counted (all
+    its programs, or with sample=True those at the ends of each grid axis, weighed), and its
+    counts are appended to the list this yields: {"kernel", "grid", "sampled", "bytes_loaded",
+    "bytes_stored", "bytes_atomic", "dot_flops", "transcendentals", "storages", "lines" (empty
+    unless lines=True), "site", "config", "n_configs"}. An autotuned kernel runs once per config.
+    The kernels must have been defined under TRITON_INTERPRET=1."""
     import numpy as np
+    from triton import knobs
 
     from .launches import intercepting_interpreted
-    from .static_workloads import run_call
 
+    if not knobs.runtime.interpret:
+        raise RuntimeError("counting runs kernels through the Triton interpreter: set TRITON_INTERPRET=1 before "
+                           "the kernels are imported")
     counted = []
 
     def handler(fn, args, kwargs, grid, site, config, n_configs):
-        counted.append({**_run_sampled(fn, args, kwargs, grid), "site": site, "config": config,
+        counted.append({**_run_counted(fn, args, kwargs, grid, sample, lines), "site": site, "config": config,
                         "n_configs": n_configs})
 
     with np.errstate(all="ignore"), intercepting_interpreted(handler):
+        yield counted
+
+
+def total(launches: list[dict], key: str) -> float:
+    """The sum of one count over launches ("bytes_loaded", "dot_flops", ...)."""
+    return sum(launch.get(key, 0.0) for launch in launches)
+
+
+def count_here(workload: str, shape, size: int, peer: bool) -> list[dict]:
+    """Counts of every launch of one workload call at one size (sampled; in this process, which
+    must run the interpreter)."""
+    from .static_workloads import run_call
+
+    with counting(sample=True) as counted:
         run_call(workload, shape, size, peer=peer, fill="zeros")
     return counted
 
@@ -215,17 +286,28 @@ def count_here(workload: str, shape, size: int, peer: bool) -> list[dict]:
 def count(requests: list[dict]) -> list[dict[int, list[dict]]]:
     """For each request {workload, shape (a shape record), sizes, peer}: {size: counts of each
     launch}, counted in one interpreter subprocess."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
     proc = subprocess.run([sys.executable, "-m", "bench.counts"], input=json.dumps(requests), capture_output=True,
-                          text=True, env=env, cwd=root)
+                          text=True, cwd=root)
     if proc.returncode:
         raise RuntimeError(f"counting failed:\n{proc.stderr[-3000:]}")
     return [{int(k): v for k, v in result.items()} for result in json.loads(proc.stdout.splitlines()[-1])]
 
 
+def _lerp(a, b, t: float):
+    """a + (b - a) t over numbers and (nested) dicts of numbers; a key missing on one side is 0,
+    but a storage's reuse stride missing on either side stays missing (no sharing seen)."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        a, b = a or {}, b or {}
+        keys = (set(a) | set(b)) - ({"reuse_stride"} - (set(a) & set(b)))
+        return {k: _lerp(a.get(k), b.get(k), t) for k in keys}
+    a, b = a or 0.0, b or 0.0
+    return a + (b - a) * t
+
+
 def extrapolate(by_size: dict[int, list[dict]], size: int) -> list[dict]:
-    """Each launch's totals at `size`, linear in the size through the two counted ones (or the
+    """Each launch's counts at `size`, linear in the size through the two counted ones (or the
     counted one itself when `size` was counted)."""
     if size in by_size:
         return by_size[size]
@@ -237,15 +319,15 @@ def extrapolate(by_size: dict[int, list[dict]], size: int) -> list[dict]:
     t = (size - s1) / (s2 - s1)
     out = []
     for a, b in zip(c1, c2):
-        numbers = {k: a.get(k, 0.0) + (b.get(k, 0.0) - a.get(k, 0.0)) * t
-                   for k in set(a) | set(b) if isinstance(a.get(k, b.get(k)), float)}
-        lines = {k: a["lines"].get(k, 0.0) + (b["lines"].get(k, 0.0) - a["lines"].get(k, 0.0)) * t
-                 for k in set(a["lines"]) | set(b["lines"])}
-        out.append({**a, **numbers, "lines": lines, "grid": None, "sampled": None})
+        scaled = {k: _lerp(a.get(k), b.get(k), t) for k in set(a) | set(b)
+                  if isinstance(a.get(k, b.get(k)), (float, dict))}
+        out.append({**a, **scaled, "grid": None, "sampled": None})
     return out
 
 
 def main() -> int:
+    from . import use_triton_interpreter
+    use_triton_interpreter(True)
     from .static_workloads import shape_from_record
 
     results = []

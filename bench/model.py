@@ -4,11 +4,22 @@ For one kernel launch on an H200:
 
     time >= max(memory, tensor, issue, latency)
 
-    memory  = bytes / HBM bandwidth. Bytes are what the kernel's loads and stores request (each
-              read counted, a tile re-read per program counted per program), counted by the
-              interpreter (bench.counts). Re-reads that hit L2 make this an upper estimate of
-              HBM traffic; `unique` (each storage moved at most once) is the lower one, printed
-              beside it and not used in the max.
+    memory  = max(HBM bytes / HBM bandwidth, requested bytes / L2 bandwidth), two levels:
+              requested bytes are what the loads, stores and atomics ask for (each read counted,
+              a tile re-read per program counted per program; counted by the interpreter,
+              bench.counts), and every one of them passes through L2. HBM bytes are the unique
+              bytes (each storage loaded at most once and stored at most once: its size caps
+              each) plus the re-reads that miss L2. Whether a re-read hits depends on what enters
+              L2 between two reads of the same data: programs run in launch order (grid axis 0
+              fastest), the programs that share a storage's data are `reuse_stride` apart (the
+              fastest axis along which they share, bench.counts), and each program brings about
+              the kernel's unique bytes / programs into L2; so reuse distance = stride x that,
+              and the storage's re-reads hit L2 in the fraction min(1, L2_REUSE_BYTES / reuse
+              distance) (all of them when the data is re-read inside a program or no sharing
+              axis was seen). A footprint that does not fit between reuses thus goes to HBM in
+              proportion. L1 is not modelled: every request is served by L2 at best. The same
+              rule (`traffic`) serves every kernel, ours and the peers', counted or modelled
+              from an algorithm.
     tensor  = dot FLOPs / the rate of the MMA form the SASS uses (wgmma, mma.sync, or FFMA
               when the dot compiles to no MMA instruction, e.g. fp32 ieee dots).
     issue   = the busiest scheduler's issue slots / clock: ceil(ceil(programs / SMs) x warps per
@@ -23,7 +34,7 @@ For one kernel launch on an H200:
               program. Other warps on the scheduler hide this only through `issue`: the two are
               reported apart so that a reader sees which one wins. A global load's latency is
               the L2 hit's, plus the HBM miss's extra for the fraction of the kernel's requested
-              bytes that are unique (the rest are re-reads, assumed to hit L2).
+              bytes that go to HBM (memory, above).
 
 Waves = ceil(programs / (resident programs per SM x SMs)); resident programs per SM come from
 registers (allocated per warp in units of 256, registers per thread rounded up to 8), shared
@@ -43,6 +54,12 @@ SMS = 132
 SCHEDULERS_PER_SM = 4
 CLOCK_HZ = 1.9e9
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy; the HBM3e peak is ~4.8e12
+# L2, an assumption from a public microbenchmark (github.com/te42kyfo/gpu-benches, gpu-l2-cache,
+# h200.txt: every SM reads a shared data set over and over): 9.5-11 TB/s from 3 to 40 MB (13.5
+# at 1.5 MB), falling from 44 MB on to HBM's 3.9 TB/s (read-only) by 76 MB. So 10 TB/s, for
+# stores and atomics as for loads, and 40 MB of the 50 MB L2 hold data for reuse.
+L2_BYTES_PER_S = 10e12
+L2_REUSE_BYTES = 40e6
 TENSOR_FLOPS = {
     "wgmma": 790e12,  # bf16 dense, measured through PyTorch (peak 990e12)
     # mma.sync does not use Hopper's asynchronous warpgroup path; public microbenchmarks put it
@@ -72,6 +89,54 @@ ALU_PIPE = {"IADD3", "LOP3", "SHF", "ISETP", "SEL", "FSEL", "FSETP", "FMNMX", "P
             "I2F", "F2I", "I2FP", "F2FP", "FRND", "POPC", "FLO", "BREV", "IABS", "LOP", "SGXT", "BMSK"}
 STORE_LIKE = ("ST", "STG", "STS", "STL", "RED", "BAR", "BRA", "EXIT", "BSYNC", "BSSY", "WARPSYNC", "NOP", "RET",
               "CALL", "MEMBAR", "FENCE", "LDGDEPBAR", "DEPBAR", "ERRBAR", "CCTL", "ARRIVES", "SYNCS", "UTMACCTL")
+
+
+@dataclass
+class Traffic:
+    """A launch's memory traffic in bytes (module doc, memory)."""
+
+    requested: float  # what the loads, stores and atomics ask for: all through L2
+    unique: float  # each storage loaded at most once and stored at most once
+    reread_far: float  # re-reads whose reuse distance passes L2_REUSE_BYTES
+    l2_hit: float  # the fraction of the re-reads (requested - unique) served by L2
+    hbm: float  # unique + the re-reads that miss L2
+
+    @property
+    def hbm_ms(self) -> float:
+        return self.hbm / HBM_BYTES_PER_S * 1e3
+
+    @property
+    def l2_ms(self) -> float:
+        return self.requested / L2_BYTES_PER_S * 1e3
+
+    @property
+    def memory_ms(self) -> float:
+        return max(self.hbm_ms, self.l2_ms)
+
+
+def traffic(storages: dict[str, dict[str, float]], programs: int) -> Traffic:
+    """Traffic of a launch of `programs` programs from its bytes per storage: {name: {"loaded",
+    "stored", "atomic" (read + write, counted twice), "size", "reuse_stride"}} (bench.counts; a
+    storage without a size is uncapped, one without a reuse stride is re-read close by)."""
+    per_storage = []
+    for s in storages.values():
+        size = s.get("size")
+        kinds = [(s.get("loaded", 0.0), 1), (s.get("stored", 0.0), 1), (s.get("atomic", 0.0), 2)]
+        moved = sum(amount for amount, _ in kinds)
+        once = sum(amount if size is None else min(amount, cap * size) for amount, cap in kinds)
+        per_storage.append((moved, once, s.get("reuse_stride")))
+    requested = sum(moved for moved, _, _ in per_storage)
+    unique = sum(once for _, once, _ in per_storage)
+    per_program = unique / max(programs, 1)
+    far = missed = 0.0
+    for moved, once, stride in per_storage:
+        distance = (stride or 0.0) * per_program
+        if distance > L2_REUSE_BYTES:
+            far += moved - once
+            missed += (moved - once) * (1 - L2_REUSE_BYTES / distance)
+    reread = requested - unique
+    return Traffic(requested=requested, unique=unique, reread_far=far,
+                   l2_hit=1 - missed / reread if reread else 1.0, hbm=unique + missed)
 
 
 def instruction_latency(instr: Instr, global_load: float = LATENCY["HBM"]) -> float:
@@ -180,16 +245,20 @@ class KernelModel:
     num_warps: int
     occupancy: dict
     waves: int
-    bytes: float
+    bytes: float  # requested
     unique_bytes: float
+    hbm_bytes: float
+    reread_far_bytes: float
+    l2_hit: float
     dot_flops: float
     warp_instructions: float
     issue_slots: float
     busiest_scheduler_warps: int
     global_load_cycles: float
     latency_cycles_per_program: float
-    memory_ms: float
-    unique_memory_ms: float
+    hbm_ms: float
+    l2_ms: float
+    memory_ms: float  # max(hbm_ms, l2_ms)
     tensor_ms: float
     issue_ms: float
     latency_ms: float
@@ -235,9 +304,8 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     per_wave = max(occupancy["programs"], 1) * SMS
     waves = math.ceil(programs / per_wave) if programs else 0
 
-    moved = counts.get("bytes_loaded", 0.0) + counts.get("bytes_stored", 0.0) + counts.get("bytes_atomic", 0.0)
-    unique = min(counts.get("bytes_unique", moved), moved)
-    miss = unique / moved if moved else 1.0
+    memory = traffic(counts.get("storages", {}), programs)
+    miss = memory.hbm / memory.requested if memory.requested else 1.0
     global_load = LATENCY["L2"] + miss * (LATENCY["HBM"] - LATENCY["L2"])
 
     lines = counts.get("lines", {})
@@ -263,34 +331,73 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     busiest = math.ceil(math.ceil(programs / SMS) * num_warps / SCHEDULERS_PER_SM)
     per_warp = slots / (programs * num_warps) if programs else 0.0
     terms = {
-        "memory": moved / HBM_BYTES_PER_S * 1e3,
+        "memory": memory.memory_ms,
         "tensor": flops / TENSOR_FLOPS[mma_form] * 1e3,
         "issue": busiest * per_warp / CLOCK_HZ * 1e3,
         "latency": waves * latency / CLOCK_HZ * 1e3,
     }
     bound = max(terms, key=terms.get)
     return KernelModel(
-        programs=programs, num_warps=num_warps, occupancy=occupancy, waves=waves, bytes=moved, unique_bytes=unique,
-        dot_flops=flops, warp_instructions=instructions, issue_slots=slots, busiest_scheduler_warps=busiest,
-        global_load_cycles=global_load, latency_cycles_per_program=latency,
-        memory_ms=terms["memory"], unique_memory_ms=unique / HBM_BYTES_PER_S * 1e3, tensor_ms=terms["tensor"],
+        programs=programs, num_warps=num_warps, occupancy=occupancy, waves=waves, bytes=memory.requested,
+        unique_bytes=memory.unique, hbm_bytes=memory.hbm, reread_far_bytes=memory.reread_far,
+        l2_hit=memory.l2_hit, dot_flops=flops, warp_instructions=instructions, issue_slots=slots,
+        busiest_scheduler_warps=busiest, global_load_cycles=global_load, latency_cycles_per_program=latency,
+        hbm_ms=memory.hbm_ms, l2_ms=memory.l2_ms, memory_ms=terms["memory"], tensor_ms=terms["tensor"],
         issue_ms=terms["issue"], latency_ms=terms["latency"], time_ms=terms[bound], bound=bound, loops=loops)
 
 
-def model_selective_scan_fn(tokens: int, dim: int, dstate: int, must_move_bytes: int) -> dict:
+SELECTIVE_SCAN_CHUNK = 2048  # tokens per block iteration: 128 threads x 16 items (sequences over 1024 tokens)
+
+
+def selective_scan_fn_storages(tokens: int, dim: int, dstate: int, ngroups: int = 1, elt: int = 2,
+                               has_z: bool = True) -> dict[str, dict[str, float]]:
+    """Bytes per storage that mamba_ssm's selective_scan_fn forward kernel asks for (its CUDA
+    source, csrc/selective_scan/selective_scan_fwd_kernel.cuh), in bench.counts' terms: one block
+    per (sequence, channel) walks the tokens in chunks of SELECTIVE_SCAN_CHUNK; per chunk it loads
+    its channel's u and delta, then for every state index A and its group's B and C over the
+    chunk (so every channel's block reads all of B and C: dim / ngroups re-reads of each), and
+    stores out, then out_z = out * silu(z) after loading z, and the chunk's running prefix per
+    state (float2) into x. u, delta, z, B, C, out, out_z in the input dtype (elt bytes). The grid
+    is (sequences, channels): neighbouring blocks share B and C (reuse stride 1); A is re-read
+    inside a block."""
+    chunks = -(-tokens // SELECTIVE_SCAN_CHUNK)
+    row = tokens * elt
+
+    def storage(size, loaded=0.0, stored=0.0, shared=False):
+        return {"loaded": float(loaded), "stored": float(stored), "atomic": 0.0, "size": float(size),
+                **({"reuse_stride": 1.0} if shared else {})}
+
+    out = {"u": storage(dim * row, loaded=dim * row), "delta": storage(dim * row, loaded=dim * row),
+           "A": storage(dim * dstate * 4, loaded=dim * dstate * 4 * chunks),
+           "B": storage(ngroups * dstate * row, loaded=dim * dstate * row, shared=True),
+           "C": storage(ngroups * dstate * row, loaded=dim * dstate * row, shared=True),
+           "D": storage(dim * 4, loaded=dim * 4), "delta_bias": storage(dim * 4, loaded=dim * 4),
+           "out": storage(dim * row, stored=dim * row), "x": storage(dim * chunks * dstate * 8,
+                                                                   stored=dim * chunks * dstate * 8)}
+    if has_z:
+        out |= {"z": storage(dim * row, loaded=dim * row), "out_z": storage(dim * row, stored=dim * row)}
+    return out
+
+
+def model_selective_scan_fn(tokens: int, dim: int, dstate: int, ngroups: int = 1, elt: int = 2,
+                            has_z: bool = True) -> dict:
     """mamba_ssm's selective_scan_fn (CUDA, Mamba-1) from its algorithm, since its extension is
-    not built here: it reads each input and writes y once (must_move_bytes), evaluates one exp per
-    state element and token (exp(delta * A): tokens x dim x dstate on the MUFU pipe, 16 per SM
-    per cycle), and scans time in parallel (a block-wide scan per 2048-token chunk, chained
-    through the chunk's running state), so no per-token latency chain: about 6 fp32 FLOPs per
-    state element and token (decay, input term, the scan's combine twice, the readout) on the
-    FMA pipe."""
+    not built here: memory by the rule every kernel gets (`traffic`) over the bytes its kernel
+    asks for (selective_scan_fn_storages); one exp per state element and token (exp(delta * A):
+    tokens x dim x dstate on the MUFU pipe, 16 per SM per cycle); time scanned in parallel (a
+    block-wide scan per chunk, chained through the chunk's running state), so no per-token
+    latency chain: about 6 fp32 FLOPs per state element and token (decay, input term, the scan's
+    combine twice, the readout) on the FMA pipe."""
     elements = tokens * dim * dstate
+    memory = traffic(selective_scan_fn_storages(tokens, dim, dstate, ngroups, elt, has_z), dim)
     terms = {
-        "memory": must_move_bytes / HBM_BYTES_PER_S * 1e3,
+        "memory": memory.memory_ms,
         "mufu": elements / (SMS * 16 * CLOCK_HZ) * 1e3,
         "fp32": 6 * elements / TENSOR_FLOPS["none"] * 1e3,
     }
     bound = max(terms, key=terms.get)
     return {"terms_ms": terms, "time_ms": terms[bound], "bound": bound,
+            "memory": {"bytes": memory.requested, "unique_bytes": memory.unique, "hbm_bytes": memory.hbm,
+                       "reread_far_bytes": memory.reread_far, "l2_hit": memory.l2_hit,
+                       "hbm_ms": memory.hbm_ms, "l2_ms": memory.l2_ms},
             "how": "modelled from its algorithm (no compiled kernel: its CUDA extension is not built)"}

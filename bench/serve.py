@@ -27,11 +27,12 @@ import time
 
 import torch
 
-from . import common, report, workloads as wl
+from . import common, report, use_triton_interpreter, workloads as wl
 from .common import Budget, Terminated, TimingOptions, time_fn
 
+use_triton_interpreter()  # the interpreter without CUDA; before the kernels are imported
 import ssm_kernels  # noqa: E402
-from planner import POLICIES, CostModel, default_traces, plan_prefill, simulate
+from planner import POLICIES, CostModel, default_traces, plan_prefill, simulate  # noqa: E402
 
 # The seed engine's dense serve (planner.cli uses the same defaults).
 RULES = dict(block_size=16, budget=8192, first_budget=8193, interval=32)

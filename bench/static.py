@@ -17,15 +17,16 @@ each labelled "static model, not measured"; a summary is printed last. See bench
 """
 from __future__ import annotations
 
-import os
+from . import use_triton_interpreter
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile the kernels (bench/__init__ chooses the interpreter on CPU)
+use_triton_interpreter(False)  # the kernels are compiled (never launched); before they are imported
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import linecache  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -36,7 +37,7 @@ from . import counts as counting  # noqa: E402
 from . import model, sass  # noqa: E402
 from .common import git_commit  # noqa: E402
 from .launches import TARGET, compile_launch, recording  # noqa: E402
-from .static_report import LABEL, markdown, summary_lines  # noqa: E402
+from .static_report import LABEL, markdown, merge, rounded, summary_lines  # noqa: E402
 from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, WORKLOADS, count_sizes,  # noqa: E402
                                mamba_ssm_ops, parse_layer, run_call, shape_record, shapes_for)
 from .workloads import decode_bytes, pass_bytes  # noqa: E402
@@ -87,8 +88,15 @@ def describe_loop(loop: model.LoopReport | None, size: int, kind: str) -> str:
     return f"{what}: {where}"
 
 
+def storage_summary(storages: dict) -> dict:
+    """{storage: its bytes loaded, stored, atomic (those not 0) and its size}: where a launch's
+    re-reads come from."""
+    return {name: {k: v for k, v in s.items() if v} for name, s in sorted(storages.items())}
+
+
 def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
-    """One entry per launch: its code, its model, and whether it is its site's chosen config."""
+    """One entry per launch: its code, its model, and whether it is its site's chosen config; a
+    config that is not chosen keeps its time and bound only (the JSON stays small)."""
     entries = []
     for launch, counted in zip(launches, launch_counts):
         code = sass.read(compile_launch(launch))
@@ -107,7 +115,9 @@ def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
                 "instructions": loop.instructions, "iterations_per_program": loop.iterations_per_program,
                 "cycles_per_iteration": loop.cycles_per_iteration, "mix": sass.mix(hot.instrs),
                 "what": describe_loop(loop, size, kind)},
-            "model": km.record(),
+            "storages": storage_summary(counted.get("storages", {})),
+            "model": {**km.record(), "loops": [{k: v for k, v in vars(lp).items() if k != "lines"}
+                                               for lp in km.loops]},
         })
     for site in {e["site"] for e in entries}:
         group = [e for e in entries if e["site"] == site]
@@ -115,7 +125,9 @@ def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
         best = min(candidates, key=lambda e: e["model"]["time_ms"])
         for e in group:
             e["chosen"] = e is best
-    return entries
+    brief = ("kernel", "label", "site", "config", "n_configs", "fits", "chosen", "num_warps", "num_stages")
+    return [e if e["chosen"] else {**{k: e[k] for k in brief},
+                                   "model": {k: e["model"][k] for k in ("time_ms", "bound")}} for e in entries]
 
 
 def must_move_bytes(workload, shape, size: int) -> int:
@@ -228,7 +240,7 @@ def peer_result(report: Report, w, shape, size: int, peer_calls: dict) -> dict:
     if w.peer is None:
         return {"available": False, "reason": "no peer modelled for this call"}
     if w.peer == "selective_scan_fn":
-        m = model.model_selective_scan_fn(size, shape.dim, shape.dstate, must_move_bytes(w, shape, size))
+        m = model.model_selective_scan_fn(size, shape.dim, shape.dstate, shape.ngroups)
         return {"available": True, "name": "mamba_ssm selective_scan_fn", **m}
     if report.peer_ops is None:
         return {"available": False, "reason": f"mamba_ssm: {report.peer_how}"}
@@ -240,8 +252,17 @@ def peer_result(report: Report, w, shape, size: int, peer_calls: dict) -> dict:
             "time_ms": result["time_ms"], "kernels_launched": result["kernels_launched"]}
 
 
+def model_version() -> str:
+    """A digest of the code that turns kernels into modelled times (counts, SASS reading, model):
+    figures of two runs are comparable only when it is the same."""
+    here = Path(__file__).resolve().parent
+    text = "".join((here / name).read_text() for name in ("counts.py", "sass.py", "model.py"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def run(args) -> dict:
     started = time.time()
+    commit = git_commit()
     jobs = plan(args)
     if not jobs:
         raise SystemExit("no call matches the filters")
@@ -259,13 +280,15 @@ def run(args) -> dict:
             "size": size, "size_unit": "tokens" if w.kind == "prefill" else "batch", "must_move_bytes": must,
             "roofline_ms": must / model.HBM_BYTES_PER_S * 1e3, **ours, "peer": peer,
             "ratio_to_peer": ours["time_ms"] / peer["time_ms"] if peer.get("available") else None,
+            "commit": commit.get("commit"), "dirty": commit.get("dirty"),
         })
         print(f"  {w.name} | {shape.name} | {size}: {ours['time_ms']:.4g} ms (modelled)", file=sys.stderr, flush=True)
     return {
-        "label": LABEL, "date": datetime.date.today().isoformat(), "commit": git_commit(),
-        "triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}a",
+        "label": LABEL, "date": datetime.date.today().isoformat(), "commit": commit,
+        "model_version": model_version(), "triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}a",
         "gpu_model": {"sms": model.SMS, "schedulers_per_sm": model.SCHEDULERS_PER_SM, "clock_hz": model.CLOCK_HZ,
-                      "hbm_bytes_per_s": model.HBM_BYTES_PER_S, "tensor_flops": model.TENSOR_FLOPS,
+                      "hbm_bytes_per_s": model.HBM_BYTES_PER_S, "l2_bytes_per_s": model.L2_BYTES_PER_S,
+                      "l2_reuse_bytes": model.L2_REUSE_BYTES, "tensor_flops": model.TENSOR_FLOPS,
                       "latency_cycles": model.LATENCY, "pipe_slots": model.PIPE_SLOTS},
         "peers": {"mamba_ssm": report.peer_how}, "seconds": round(time.time() - started, 1),
         "argv": sys.argv[1:], "calls": calls, "peer_calls": peer_calls,
@@ -289,6 +312,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, action="append", help="decode batch (repeatable)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-static)")
+    parser.add_argument("--update", action="store_true",
+                        help="replace the selected calls in the report already in --out and keep its others "
+                             "(refused when another version of the model wrote it)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shape = args.shape or ["2.7B", "2.8B"]
@@ -301,9 +327,14 @@ def main(argv=None) -> int:
     if any(n <= 0 for n in args.batch or ()):
         parser.error("--batch must be positive")
     out = args.out or Path("bench/results") / f"{datetime.date.today().isoformat()}-static"
+    if args.update and not (out / "static.json").exists():
+        parser.error(f"--update: no report at {out}/static.json")
     data = run(args)
+    if args.update:
+        data = merge(json.loads((out / "static.json").read_text()), data, order=[w for w in WORKLOADS],
+                     shapes=list(SHAPES))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "static.json").write_text(json.dumps(data, separators=(",", ":"), default=str) + "\n")
+    (out / "static.json").write_text(json.dumps(rounded(data), separators=(",", ":"), default=str) + "\n")
     (out / "static.md").write_text(markdown(data))
     print("\n".join(summary_lines(data)))
     print(f"(written to {out}/static.json and static.md)")

@@ -1,13 +1,23 @@
-"""The static report's Markdown and its printed summary (from the JSON bench.static writes)."""
+"""The static report's files: the Markdown, the printed summary and the README block (from the JSON
+bench.static writes), merging a partial run into a report, and the JSON's rounding.
+
+    python -m bench.static_report DIR --readme   # the README's table of modelled times, from DIR/static.json
+"""
 from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
 
 from .common import fmt, markdown_table, text_table
 
 LABEL = "static model, not measured"
 
 KERNEL_HEADERS = ["kernel", "grid", "warps", "stages", "regs", "spill B", "smem KB", "MMA", "hot loop instr",
-                  "hot loop", "occupancy", "waves", "memory ms", "(unique ms)", "tensor ms", "issue ms",
-                  "latency ms", "modelled ms", "bound"]
+                  "hot loop", "occupancy", "waves", "HBM ms", "L2 ms", "tensor ms", "issue ms", "latency ms",
+                  "modelled ms", "bound"]
+README_SIZES = {"prefill": 8192, "decode": 64}
 
 
 def kernel_row(e: dict) -> list:
@@ -19,7 +29,7 @@ def kernel_row(e: dict) -> list:
         name += " (does not fit: shared memory)"
     return [name, "x".join(map(str, e["grid"])), e["num_warps"], e["num_stages"], e["registers"], e["spill_bytes"],
             round(e["shared_bytes"] / 1024, 1), e["mma"], hot.get("instructions"), hot.get("what", "no loop"),
-            f"{occ['programs']}/SM ({occ['limited_by']})", m["waves"], m["memory_ms"], m["unique_memory_ms"],
+            f"{occ['programs']}/SM ({occ['limited_by']})", m["waves"], m["hbm_ms"], m["l2_ms"],
             m["tensor_ms"], m["issue_ms"], m["latency_ms"], m["time_ms"], m["bound"]]
 
 
@@ -33,7 +43,10 @@ def peer_text(c: dict) -> str:
         return f"peer: absent ({p.get('reason')})"
     text = f"peer {p['name']}: {fmt(p['time_ms'])} ms modelled"
     if "bound" in p:
-        text += f", {p['bound']}-bound, {p['how']}"
+        m = p["memory"]
+        text += (f", {p['bound']}-bound, {p['how']}; its memory: {fmt(m['bytes'] / 1e6)} MB requested (L2 "
+                 f"{fmt(m['l2_ms'])} ms), {fmt(m['hbm_bytes'] / 1e6)} MB to HBM (HBM {fmt(m['hbm_ms'])} ms), "
+                 f"mufu {fmt(p['terms_ms']['mufu'])} ms, fp32 {fmt(p['terms_ms']['fp32'])} ms")
     else:
         text += f" ({p['kernels_launched']} launches; best modelled config per autotuned kernel)"
     return text + f"; ratio ours / peer = {fmt(c['ratio_to_peer'])}"
@@ -44,21 +57,36 @@ def dominant(kernels: list[dict]) -> dict:
     return max(chosen, key=lambda e: e["model"]["time_ms"])
 
 
+def commits(data: dict) -> str:
+    """The commits the calls were modelled at (a merged report may hold several)."""
+    seen = {}
+    for c in data["calls"]:
+        key = (c.get("commit") or data["commit"].get("commit") or "?")[:12] + (" (dirty)" if c.get("dirty") else "")
+        seen[key] = seen.get(key, 0) + 1
+    if len(seen) == 1:
+        return f"commit {next(iter(seen))}"
+    return "commits " + ", ".join(f"{k} ({n} calls)" for k, n in seen.items())
+
+
 def markdown(data: dict) -> str:
+    g = data["gpu_model"]
     lines = [f"# Static cost report ({LABEL})", "",
-             f"{data['date']}, commit {data['commit'].get('commit')}{' (dirty)' if data['commit'].get('dirty') else ''}, "
-             f"triton {data['triton']}, compiled for {data['target']}; H200 model: {data['gpu_model']['sms']} SMs x "
-             f"{data['gpu_model']['schedulers_per_sm']} schedulers at {data['gpu_model']['clock_hz'] / 1e9:.2g} GHz, "
-             f"HBM {data['gpu_model']['hbm_bytes_per_s'] / 1e12:.2g} TB/s. Every time below is modelled "
-             "(bench/model.py), none is measured; `python -m bench.static` regenerates this file.", "",
+             f"{data['date']}, {commits(data)}, model {data.get('model_version')}, triton {data['triton']}, compiled "
+             f"for {data['target']}; H200 model: {g['sms']} SMs x {g['schedulers_per_sm']} schedulers at "
+             f"{g['clock_hz'] / 1e9:.2g} GHz, HBM {g['hbm_bytes_per_s'] / 1e12:.2g} TB/s, L2 "
+             f"{g['l2_bytes_per_s'] / 1e12:.2g} TB/s holding {g['l2_reuse_bytes'] / 1e6:.0f} MB for reuse. Every "
+             "time below is modelled (bench/model.py), none is measured; `python -m bench.static` regenerates "
+             "this file.", "",
              "Columns: registers per thread (cubin), spilled bytes per thread (ptxas -v), shared memory per "
              "program, MMA form from the SASS; hot loop = the SASS loop with the most issue slots, its instructions "
-             "per iteration and iterations per program (interpreter counts); memory = bytes requested (each read "
-             "counted) / HBM bandwidth, (unique) = each storage moved once; tensor = dot FLOPs / the MMA form's "
-             "rate; issue = the busiest scheduler's issue slots / clock; latency = waves x one warp's in-order "
-             "time (bench/README.md has the model and its assumed latencies). "
-             "Modelled = the largest term; the call's time is the sum over its launches (an autotuned kernel "
-             "counts its best modelled config).", ""]
+             "per iteration and iterations per program (interpreter counts); HBM = the bytes that must come from or "
+             "go to HBM (each storage moved once, plus re-reads that do not fit in L2) / HBM bandwidth; L2 = every "
+             "byte the kernel requests (each read counted) / L2 bandwidth; memory = the larger of the two; tensor = "
+             "dot FLOPs / the MMA form's rate; issue = the busiest scheduler's issue slots / clock; latency = waves "
+             "x one warp's in-order time (bench/README.md has the model and its assumptions). Modelled = the "
+             "largest term; the call's time is the sum over its launches (an autotuned kernel counts its best "
+             "modelled config). mamba_ssm's selective_scan_fn is modelled from its algorithm with the same memory "
+             "rule.", ""]
     lines += ["## Summary", "", "```", *summary_lines(data), "```", ""]
     for c in data["calls"]:
         lines += [f"## {call_title(c)}", "", f"{c['doc']}; {c['shape_dims']}. Modelled {fmt(c['time_ms'])} ms over "
@@ -79,15 +107,82 @@ def summary_lines(data: dict) -> list[str]:
         top = dominant(c["kernels"])
         peer = c["peer"]
         rows.append([c["workload"], c["shape"], c["size"], c["time_ms"], f"{top['kernel']} ({top['model']['bound']})",
-                     peer["time_ms"] if peer.get("available") else None, c["ratio_to_peer"]])
+                     c["roofline_ms"], peer["time_ms"] if peer.get("available") else None, c["ratio_to_peer"]])
     lines = [f"== bench.static: {LABEL} (triton {data['triton']}, {data['target']})",
-             text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "peer ms", "ours/peer"],
-                        rows)]
+             text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "must-move ms", "peer ms",
+                         "ours/peer"], rows)]
     kernels = [e for c in data["calls"] for e in c["kernels"]]
     kernels += [e for p in data.get("peer_calls", {}).values() for e in p["kernels"]]
     uncounted = sorted({e["label"] for e in kernels
-                        if any(lp["iterations_per_program"] is None for lp in e["model"]["loops"])})
+                        if any(lp["iterations_per_program"] is None for lp in e["model"].get("loops", []))})
     if uncounted:
         lines.append(f"WARNING: loops whose iterations were not counted (modelled as run once per program): "
                      f"{', '.join(uncounted)}")
     return lines
+
+
+def readme_block(data: dict) -> str:
+    """The README's table: every call at 8192 tokens (decode: batch 64), ours against the peer."""
+    rows = []
+    for c in data["calls"]:
+        if c["size"] != README_SIZES[c["kind"]]:
+            continue
+        top = dominant(c["kernels"])
+        peer = c["peer"]
+        rows.append([f"`{c['workload']}`", c["shape"], fmt(c["time_ms"]), f"{top['model']['bound']} ({top['kernel']})",
+                     fmt(c["roofline_ms"]), f"{fmt(peer['time_ms'])} ({peer['name'].removeprefix('mamba_ssm ')})"
+                     if peer.get("available") else "-", fmt(c["ratio_to_peer"]) if c["ratio_to_peer"] else "-"])
+    return "\n".join([
+        f"Modelled on an H200 ({LABEL}; {data['date']}, {commits(data)}, model {data.get('model_version')}), "
+        f"bfloat16, batch 1, {README_SIZES['prefill']} tokens (decode: batch {README_SIZES['decode']}); "
+        "32768 tokens, batches 128 and 256 and every kernel's figures are in `static.md`:", "",
+        markdown_table(["call", "shape", "ms", "bound (largest kernel)", "must-move ms", "peer ms (mamba_ssm)",
+                        "ours / peer"], rows)])
+
+
+def call_key(c: dict) -> tuple:
+    return c["workload"], c["shape"], c["size"]
+
+
+def merge(old: dict, new: dict, order: list[str], shapes: list[str]) -> dict:
+    """`old` with the calls (and peer calls) of `new` replacing or joining its own, in the report's
+    order; refused unless one version of the model wrote both."""
+    if old.get("model_version") != new["model_version"]:
+        raise SystemExit(f"--update: the report was written by model {old.get('model_version')}, this is model "
+                         f"{new['model_version']}: run every call again instead")
+    calls = {call_key(c): c for c in old["calls"]} | {call_key(c): c for c in new["calls"]}
+
+    def rank(c):
+        shape = shapes.index(c["shape"]) if c["shape"] in shapes else len(shapes)
+        return order.index(c["workload"]), shape, c["shape"], c["size"]
+
+    used = {c["peer"]["ref"] for c in calls.values() if c["peer"].get("ref")}
+    peer_calls = {k: v for k, v in (old.get("peer_calls", {}) | new.get("peer_calls", {})).items() if k in used}
+    return {**new, "calls": sorted(calls.values(), key=rank),
+            "peer_calls": peer_calls}
+
+
+def rounded(value, digits: int = 5):
+    """Floats to `digits` significant digits, whole ones (counts) to ints, through lists and
+    dicts (a compact JSON)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.static_report", description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, help="a results folder of python -m bench.static")
+    parser.add_argument("--readme", action="store_true", help="print the README's table (else the summary)")
+    args = parser.parse_args(argv)
+    data = json.loads((args.dir / "static.json").read_text())
+    print(readme_block(data) if args.readme else "\n".join(summary_lines(data)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -248,6 +248,8 @@ def report(results: list[dict], env: dict, out: Path) -> str:
 
 
 def main(argv=None) -> int:
+    from . import use_triton_interpreter
+    use_triton_interpreter()  # as every measuring benchmark (the engines' children inherit it)
     parser = argparse.ArgumentParser(prog="python -m bench.vllm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd")
     child = sub.add_parser("child", help="run one engine (internal)")

@@ -25,7 +25,7 @@ import sys
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("compile_for_gpu.py needs TRITON_INTERPRET unset: it compiles the kernels, not interprets them")
-os.environ["TRITON_INTERPRET"] = "0"  # bench/__init__ would choose the interpreter without CUDA
+os.environ["TRITON_INTERPRET"] = "0"  # compile: a kernel is compiled or interpreted as it is defined
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, this checkout's kernels
 
 import torch  # noqa: E402

@@ -9,19 +9,22 @@
 - captures: each costs O(chunk) work of its own, whatever the pass length. 8 of them, beyond
   writing the captured states, add at most 5% to the work of an 8192-token pass (the counted
   pass scaled linearly in tokens, as every kernel's work is).
+
+Counted by bench.counts (the static report's counter) over every program of every launch.
 """
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from helpers import mamba2_inputs, mamba2_positional
-from kernel_cost import count_kernel_work
 from ssm_kernels import mamba2_scan
 from ssm_kernels._triton import RUNS_ON_CPU
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ runs from the repository root
+from bench.counts import counting, total  # noqa: E402
 from bench.workloads import Mamba2Shape, pass_bytes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not RUNS_ON_CPU, reason="counts through the Triton interpreter")
@@ -45,10 +48,16 @@ def counted():
     kw = dict(D=kw["D"], dt_bias=kw["dt_bias"], dt_softplus=True)  # as a Mamba-2 layer calls it
     runs = {}
     for name, capture in (("bare", None), ("captures", [(0, k) for k in (1, 50, 100, 255, 256, 300, 411, 511)])):
-        with count_kernel_work() as work:
+        with counting(sample=False, lines=False) as launches:
             mamba2_scan(*args, **kw, capture=capture, algorithm="chunked", chunk_size=CHUNK, backend="triton")
-        runs[name] = work
+        runs[name] = Work(total(launches, "dot_flops"),
+                          total(launches, "bytes_loaded") + total(launches, "bytes_stored"))
     return runs
+
+
+class Work(NamedTuple):
+    dot_flops: float
+    bytes_moved: float
 
 
 def test_dot_flops_within_goal_of_useful_work(counted):
