@@ -94,6 +94,16 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
+def check_int(name: str, value) -> int:
+    """`value` as an int (anything with __index__, not a bool), else TypeError naming `name`."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
 def check_dt_limit(dt_limit) -> tuple[float, float]:
     """(min, max) as floats: two real numbers (int or float, not bool, str or NaN) with min <= max."""
     try:

@@ -10,11 +10,21 @@ from triton.runtime.interpreter import InterpretedFunction
 def cast_for_store(v, dtype: tl.constexpr):
     """fp32 `v` cast to `dtype`, to nearest even. Under the interpreter, whose fp32 -> bfloat16
     cast truncates, bfloat16 is rounded by bit arithmetic first, as the GPU rounds."""
-    if _INTERPRETED and dtype == tl.bfloat16:
+    if INTERPRETED and dtype == tl.bfloat16:
         bits = v.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         v = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
     return v.to(dtype)
+
+
+@triton.jit
+def rounded(v, dtype: tl.constexpr):
+    """`v` rounded to `dtype` as cast_for_store rounds it, kept in fp32 (unchanged for fp32)."""
+    if dtype == tl.float32:
+        out = v.to(tl.float32)
+    else:
+        out = cast_for_store(v.to(tl.float32), dtype).to(tl.float32)
+    return out
 
 
 @triton.jit
@@ -45,7 +55,7 @@ def exp2_flush(v):
     """2^v in fp32, results below 2^-126 flushed to zero: one MUFU.EX2 on the GPU (tl.exp2 adds a
     range check and two multiplies per element to keep denormal results); tl.exp2 under the
     interpreter."""
-    if _INTERPRETED:
+    if INTERPRETED:
         out = tl.exp2(v)
     else:
         out = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32,
@@ -104,7 +114,7 @@ def sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN: tl.constexpr):
 
 # Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.
 RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
-_INTERPRETED = tl.constexpr(RUNS_ON_CPU)  # read by the helpers above when they compile
+INTERPRETED = tl.constexpr(RUNS_ON_CPU)  # read by jitted helpers when they compile
 
 
 def strides_or_zeros(t, ndim: int) -> tuple[int, ...]:

@@ -40,12 +40,11 @@ Where this module deliberately differs from mamba_ssm 2.3.2:
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_bool, check_inplace_target, check_state_indices, check_tensor,
-                       make_sequences)
+from .._common import (FLOAT_DTYPES, check_bool, check_inplace_target, check_int, check_state_indices,
+                       check_tensor, make_sequences)
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
 from ..scan.mamba2 import STATE_DTYPES
@@ -200,10 +199,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         dstate) float32 (the state after each row's last token); with return_varlen_states also
         varlen_states (nseq, nheads, headdim, dstate) float32 (each sequence's last state).
     """
-    try:
-        chunk = operator.index(chunk_size)
-    except TypeError:
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}") from None
+    chunk = check_int("chunk_size", chunk_size)
     if chunk < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk}")
     for name, flag in (("dt_softplus", dt_softplus), ("return_final_states", return_final_states),

@@ -23,11 +23,10 @@ Algorithms of mamba2_scan:
 """
 from __future__ import annotations
 
-import operator
 
 import torch
 
-from ..._common import Sequences
+from ..._common import Sequences, check_int
 from .plan import ChunkPlan, make_plan
 from .torch_chunked import run_chunked_torch
 from .triton_kernels import run_chunked_triton
@@ -48,21 +47,11 @@ MAX_CHUNK_SIZE = 1024
 AUTO_CHUNKED_MIN_TOKENS = 64
 
 
-def _as_int(name: str, value) -> int:
-    """`value` as an int (anything with __index__, not a bool), else TypeError naming `name`."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-
-
 def check_chunk_size(chunk_size) -> int:
     """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
     if chunk_size is None:
         return DEFAULT_CHUNK_SIZE
-    size = _as_int("chunk_size", chunk_size)
+    size = check_int("chunk_size", chunk_size)
     if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
         raise ValueError(f"chunk_size must be a power of two from 16 (the smallest tl.dot tile) to "
                          f"{MAX_CHUNK_SIZE}, got {size}")
@@ -99,7 +88,7 @@ def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
         raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
     positions = []
     for s, value in enumerate(values):
-        position = _as_int(f"start_positions[{s}]", value)
+        position = check_int(f"start_positions[{s}]", value)
         if position < 0:
             raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
         positions.append(position)

@@ -8,6 +8,12 @@ each sequence's absolute positions (its pass starts at `start_positions[s]`). A 
 same tokens, computed by the same operations from the same chunk-start state, whichever pass it
 falls in, as long as the pass starts at a grid point: that is what makes a pass that resumes at a
 multiple of chunk_size bit-identical to one longer pass.
+
+Captures come in two kinds. A state the state-passing walk holds anyway (a chunk's start state,
+or a sequence's final state) is stored straight from it into its capture row. A state inside a
+chunk (offset j, 0 < j < the chunk's length) is computed apart, from a float32 copy of the
+chunk's start state that the walk keeps for it (a slot). Captures asked for twice are computed
+once and copied.
 """
 from __future__ import annotations
 
@@ -26,28 +32,36 @@ class ChunkPlan:
     [a, a + n) cut at the multiples of chunk_size: a first chunk up to the next grid point (all of
     chunk_size when a is one), full chunks, and a last partial one; an empty sequence owns none.
 
-    chunks: (nchunks, 3) int64 on the device: (batch row, first token on the time axis, length).
-    seq_chunks: (nseq + 1,) int64 on the device: sequence s owns chunks [seq_chunks[s], seq_chunks[s + 1]).
-    inner: (ninner, 3) int64 on the device: (capture row, chunk, offset j inside the chunk) of each
-        capture that is not at its sequence's end: the state after the chunk's first j tokens
-        (j = 0 is the chunk-start state itself).
-    slots: (nchunks,) int64 on the device: where the float32 start state of a chunk that serves
-        inner captures is kept (0..nslots-1), -1 for other chunks. Only those chunks keep a
-        float32 start state; the others keep it in the matmul dtype, all the output needs.
-    final_rows, final_seqs: (nfinal,) int64 on the device: capture row final_rows[i] is the final
-        state of sequence final_seqs[i] (offset == length, which covers empty sequences).
-    chunk_list, inner_list: the same tables on the host.
+    Device tensors (int64):
+    chunks: (nchunks, 3): (batch row, first token on the time axis, length).
+    seq_chunks: (nseq + 1,): sequence s owns chunks [seq_chunks[s], seq_chunks[s + 1]).
+    start_rows: (nchunks,): the capture row that takes chunk c's start state, -1 for none.
+    end_rows: (nseq,): the capture row that takes sequence s's final state (offset == length,
+        which covers empty sequences), -1 for none.
+    inner: (ninner, 3): (capture row, chunk, offset j) of each capture inside a chunk
+        (0 < j < the chunk's length): the state after the chunk's first j tokens.
+    slots: (nchunks,): where the float32 start state of a chunk that serves inner captures is
+        kept (0..nslots-1), -1 for other chunks.
+    copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
+        sequence and offset asked for again).
+    On the host: chunk_list, inner_list (the same as chunks, inner), seq_chunk_list,
+    start_row_list, end_row_list.
     """
 
     chunk_size: int
     chunks: torch.Tensor
     seq_chunks: torch.Tensor
+    start_rows: torch.Tensor
+    end_rows: torch.Tensor
     inner: torch.Tensor
     slots: torch.Tensor
     nslots: int
-    final_rows: torch.Tensor
-    final_seqs: torch.Tensor
+    copy_rows: torch.Tensor
+    copy_from: torch.Tensor
     chunk_list: list[tuple[int, int, int]]
+    seq_chunk_list: list[int]
+    start_row_list: list[int]
+    end_row_list: list[int]
     inner_list: list[tuple[int, int, int]]
 
     @property
@@ -72,22 +86,30 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
         bounds = [0] + list(range(first, length, chunk_size)) + [length]
         chunk_list += [(b, start + lo, hi - lo) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
         seq_chunks.append(len(chunk_list))
-    inner_list, final_rows, final_seqs = [], [], []
+    start_rows, end_rows = [-1] * len(chunk_list), [-1] * seqs.count
+    inner_list, copies, first_row = [], [], {}
     for s, k, row in captures.entries:
+        if (s, k) in first_row:
+            copies.append((row, first_row[s, k]))
+            continue
+        first_row[s, k] = row
         if k == seqs.lengths[s]:
-            final_rows.append(row)
-            final_seqs.append(s)
+            end_rows[s] = row
+            continue
+        c, j = _chunk_of(k, firsts[s], chunk_size)
+        if j == 0:
+            start_rows[seq_chunks[s] + c] = row
         else:
-            c, j = _chunk_of(k, firsts[s], chunk_size)
             inner_list.append((row, seq_chunks[s] + c, j))
     slot_of = {}
     for _, c, _ in inner_list:
         slot_of.setdefault(c, len(slot_of))
     slots = [slot_of.get(c, -1) for c in range(len(chunk_list))]
 
-    def table(values, width):
-        return torch.tensor(values, dtype=torch.int64, device=device).view(-1, width)
+    def table(values, width=1):
+        t = torch.tensor(values, dtype=torch.int64, device=device)
+        return t.view(-1, width) if width > 1 else t.view(-1)
 
-    return ChunkPlan(chunk_size, table(chunk_list, 3), table(seq_chunks, 1).view(-1), table(inner_list, 3),
-                     table(slots, 1).view(-1), len(slot_of), table(final_rows, 1).view(-1),
-                     table(final_seqs, 1).view(-1), chunk_list, inner_list)
+    return ChunkPlan(chunk_size, table(chunk_list, 3), table(seq_chunks), table(start_rows), table(end_rows),
+                     table(inner_list, 3), table(slots), len(slot_of), table([r for r, _ in copies]),
+                     table([f for _, f in copies]), chunk_list, seq_chunks, start_rows, end_rows, inner_list)

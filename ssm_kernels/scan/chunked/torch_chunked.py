@@ -8,7 +8,8 @@ float32 whatever the input dtype:
     y_i = exp(cs_i) C_i S0 + sum_{j <= i} (C_i . B_j) exp(cs_i - cs_j) dt'_j x_j   (+ D x, * silu z)
     state after j tokens = exp(cs_{j-1}) S0 + sum_{i < j} exp(cs_{j-1} - cs_i) dt'_i x_i (outer) B_i
 
-Captures use the last formula from the chunk-start state, apart from y and the final state.
+Captures inside a chunk use the last formula from the chunk-start state, apart from y and the
+final state; captures at a chunk's start or a sequence's end are copies of the state passed.
 Every chunk is computed from fresh float32 copies of its own inputs, with tensor shapes set by its
 length alone, so the same chunk from the same start state gives the same bits in any pass.
 """
@@ -23,9 +24,7 @@ from .plan import ChunkPlan
 
 
 def _state_after(S0, cs, dt, x, B, j):
-    """The state after the chunk's first j tokens, from its start state S0 (H, P, N)."""
-    if j == 0:
-        return S0.clone()
+    """The state after the chunk's first j >= 1 tokens, from its start state S0 (H, P, N)."""
     w = torch.exp(cs[j - 1] - cs[:j]) * dt[:j]  # (j, H)
     return torch.exp(cs[j - 1])[:, None, None] * S0 + torch.einsum("jh,jhp,jhn->hpn", w, x[:j], B[:j])
 
@@ -42,7 +41,7 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
     inner = {}
     for row, c, j in plan.inner_list:
         inner.setdefault(c, []).append((row, j))
-    seq_chunks = plan.seq_chunks.tolist()
+    seq_chunks = plan.seq_chunk_list
     for s in range(p.seqs.count):
         if p.state_in is not None:
             state = p.state_in[s].float().clone()
@@ -65,9 +64,13 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
             if p.z is not None:
                 y = y * F.silu(p.z[b, tok].to(torch.float32, copy=True))
             p.y[b, tok] = y
+            if plan.start_row_list[c] >= 0:
+                p.captured[plan.start_row_list[c]] = state
             for row, j in inner.get(c, ()):
                 p.captured[row] = _state_after(state, cs, dt, x, B, j)
             state = _state_after(state, cs, dt, x, B, n)
         p.state_out[s] = state
-    if plan.final_rows.numel():
-        p.captured[plan.final_rows] = p.state_out[plan.final_seqs]
+        if plan.end_row_list[s] >= 0:
+            p.captured[plan.end_row_list[s]] = state
+    if plan.copy_rows.numel():
+        p.captured[plan.copy_rows] = p.captured[plan.copy_from]

@@ -6,7 +6,8 @@ inside a chunk, the state after token i of a chunk that starts from state S0 is
     S_i = exp(cs_i) * S0 + sum_{j <= i} exp(cs_i - cs_j) * dt'_j * x_j (outer) B_j
 
 so inside a chunk everything is matmuls (tensor cores), and only the chunk-start states are
-passed from chunk to chunk. Six kernels, each over a grid fixed by the chunk grid and the model
+passed from chunk to chunk. The kernels keep cs in base-2 units (cs * log2(e)), so that every
+decay is one exp2. Six kernels, each over a grid fixed by the chunk grid and the model
 dimensions; scratch tensors are contiguous, laid out (chunk, head or group, ...):
 
 1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
@@ -16,16 +17,21 @@ dimensions; scratch tensors are contiguous, laid out (chunk, head or group, ...)
    state, float32.
 4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
    S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
-   output kernel's operand), the float32 start states of the chunks that serve captures (a
-   compact table, see ChunkPlan.slots) and the final state. It streams a flat P*N block per
-   program, so it is many programs moving memory, not one walk per head.
+   output kernel's operand), the final state, the captures at chunk starts and sequence ends
+   (straight from the state it holds), and float32 copies of the start states of the chunks
+   that hold captures inside them (a compact table, see ChunkPlan.slots). It streams a flat P*N
+   block per program, so it is many programs moving memory, not one walk per head.
 5. _chunk_output_kernel  (chunk, head, M x P block):  y = exp(cs) C S0^T + the causal
    (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
-   mask, whose x tile also serves D x; gated by silu(z).
+   mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
+   exp(cs_i - cs_j) factors through the last token before the row block, r: exp(cs_i - r) per
+   row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
+   costs a multiply instead of an exp; the diagonal block takes one exp per element.
 6. _capture_kernel       (capture, head, P x N block): the state at offset j inside chunk c,
    exp(cs_{j-1}) S0 + the first j tokens' contribution, from c's float32 start state. It only
-   reads what kernels 1-4 wrote, so captures cannot change a bit of y or the final states.
-   Captures at a sequence's end are copies of its final state (launcher).
+   reads what kernels 1-4 wrote, so captures cannot change a bit of y or the final states; and
+   kernels 1-5 are the same binaries with or without captures (kernel 4 reads its capture tables
+   either way).
 
 Matmuls: bfloat16/float16 inputs multiply in their dtype with float32 accumulation (tensor
 cores: wgmma on Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
@@ -38,37 +44,22 @@ import triton
 import triton.language as tl
 
 from ..problem import ScanProblem
-from ..._triton import RUNS_ON_CPU, discretize_dt, ptr_or, strides_or_zeros
+from ..._triton import INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded, strides_or_zeros
 from .plan import ChunkPlan
 
-
-@triton.jit
-def _round(a, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """`a` rounded to DOT_DTYPE (to nearest even), as fp32. Under the interpreter (EMULATE)
-    bfloat16 is rounded by bit arithmetic: its fp32 -> bfloat16 cast truncates, the GPU's rounds
-    to nearest."""
-    a = a.to(tl.float32)
-    if DOT_DTYPE == tl.float32:
-        out = a
-    elif EMULATE and DOT_DTYPE == tl.bfloat16:
-        bits = a.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        out = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
-    else:
-        out = a.to(DOT_DTYPE).to(tl.float32)
-    return out
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _dot(a, b, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+def _dot(a, b, DOT_DTYPE: tl.constexpr):
     """a @ b, accumulated in fp32, operands (fp32, or already in DOT_DTYPE as loaded: no round
-    trip through fp32 registers) rounded to DOT_DTYPE (float32: IEEE, no tf32). EMULATE (the
-    interpreter's tl.dot multiplies the raw bits of bfloat16 operands) multiplies the rounded
-    operands in fp32: the same products, exact in fp32."""
+    trip through fp32 registers) rounded to DOT_DTYPE (float32: IEEE, no tf32). The interpreter's
+    tl.dot multiplies the raw bits of bfloat16 operands, so there the rounded operands are
+    multiplied in fp32: the same products, exact in fp32."""
     if DOT_DTYPE == tl.float32:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif EMULATE:
-        out = tl.dot(_round(a, DOT_DTYPE, EMULATE), _round(b, DOT_DTYPE, EMULATE), input_precision="ieee")
+    elif INTERPRETED:
+        out = tl.dot(rounded(a, DOT_DTYPE), rounded(b, DOT_DTYPE), input_precision="ieee")
     else:
         out = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
     return out
@@ -81,9 +72,18 @@ def _chunk_span(chunks_ptr, i_c):
 
 
 @triton.jit
+def _pn_block(i_pn, n_nblocks, headdim, dstate, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Offsets and masks (o_p, m_p, o_n, m_n) of block i_pn of a (headdim, dstate) state cut into
+    BLOCK_P x BLOCK_N blocks, n_nblocks along dstate."""
+    o_p = (i_pn // n_nblocks) * BLOCK_P + tl.arange(0, BLOCK_P)
+    o_n = (i_pn % n_nblocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return o_p, o_p < headdim, o_n, o_n < dstate
+
+
+@triton.jit
 def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
                         BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                        DOT_DTYPE: tl.constexpr):
     """sum over the chunk's first n_tok tokens j of exp(cs_{n_tok-1} - cs_j) dt'_j x_j (outer) B_j.
 
     p_x, p_B point at the chunk's first token (this head / its group); p_dt, p_cs at the chunk's
@@ -93,12 +93,12 @@ def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
     for k0 in range(0, n_tok, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         m_k = o_k < n_tok
-        b_w = tl.exp(b_cs_end - tl.load(p_cs + o_k, mask=m_k, other=0.0)) * tl.load(p_dt + o_k, mask=m_k, other=0.0)
+        b_w = exp2_flush(b_cs_end - tl.load(p_cs + o_k, mask=m_k, other=0.0)) * tl.load(p_dt + o_k, mask=m_k, other=0.0)
         b_xT = tl.load(p_x + o_p[:, None] * s_x_p + o_k[None, :] * s_x_t,
                        mask=m_p[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BP, BK]
         b_B = tl.load(p_B + o_k[:, None] * s_B_t + o_n[None, :] * s_B_n,
                       mask=m_k[:, None] & m_n[None, :], other=0.0)  # [BK, BN]
-        acc += _dot(b_xT * b_w[None, :], b_B, DOT_DTYPE, EMULATE)
+        acc += _dot(b_xT * b_w[None, :], b_B, DOT_DTYPE)
     return acc
 
 
@@ -117,19 +117,18 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
         b_bias = tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
     b_dt = discretize_dt(b_dt, b_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
     b_dt = tl.where(m_t, b_dt, 0.0)  # tokens past the chunk neither decay nor contribute
-    b_cs = tl.cumsum(b_dt * tl.load(A_ptr + i_h * s_A_h).to(tl.float32), axis=0)
+    b_cs = tl.cumsum(b_dt * (tl.load(A_ptr + i_h * s_A_h).to(tl.float32) * LOG2E), axis=0)  # base 2
     o_scr = (i_c * nheads + i_h) * CHUNK + o_t
     tl.store(dt_out_ptr + o_scr, b_dt)
     tl.store(cs_out_ptr + o_scr, b_cs)
     # cs past the chunk's last token stays at cs_last: the last element is the chunk's log decay.
-    tl.store(decay_ptr + i_c * nheads + i_h, tl.exp(tl.sum(tl.where(o_t == CHUNK - 1, b_cs, 0.0), axis=0)))
+    tl.store(decay_ptr + i_c * nheads + i_h, exp2_flush(tl.sum(tl.where(o_t == CHUNK - 1, b_cs, 0.0), axis=0)))
 
 
 @triton.jit
 def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                     DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64) // ngroups
     i_g = tl.program_id(0).to(tl.int64) % ngroups
     i_m = tl.program_id(1)
@@ -148,9 +147,9 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
                           other=0.0)  # [BM, BD]
             b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :],
                            other=0.0)  # [BD, BK]
-            acc += _dot(b_C, b_BT, DOT_DTYPE, EMULATE)
+            acc += _dot(b_C, b_BT, DOT_DTYPE)
         p_cb = cb_ptr + (i_c * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
-        tl.store(p_cb, _round(acc, DOT_DTYPE, EMULATE).to(p_cb.dtype.element_ty))
+        tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
 
 
 @triton.jit
@@ -158,32 +157,28 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
                         headdim, dstate, nheads, heads_per_group, n_nblocks,
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                        BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_p = tl.program_id(2) // n_nblocks
-    i_n = tl.program_id(2) % n_nblocks
+    o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
     i_g = i_h // heads_per_group
     i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_p = o_p < headdim
-    m_n = o_n < dstate
     o_scr = (i_c * nheads + i_h) * CHUNK
     acc = _chunk_contribution(x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h,
                               B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g,
                               dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
-                              o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, EMULATE)
+                              o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
     p_st = states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
     tl.store(p_st, acc, mask=m_p[:, None] & m_n[None, :])
 
 
 @triton.jit
-def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, state_in_ptr, start_ptr,
-                          slot_states_ptr, state_out_ptr, headdim, dstate, nheads,
+def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, start_rows_ptr, end_rows_ptr,
+                          state_in_ptr, start_ptr, slot_states_ptr, state_out_ptr, captured_ptr,
+                          headdim, dstate, nheads,
                           s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
-                          HAS_INITIAL_STATE: tl.constexpr, BLOCK: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                          s_cap_r, s_cap_h, s_cap_p, s_cap_n,
+                          HAS_INITIAL_STATE: tl.constexpr, BLOCK: tl.constexpr, DOT_DTYPE: tl.constexpr):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     size = headdim * dstate
@@ -191,6 +186,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, stat
     m = o < size
     o_p = o // dstate
     o_n = o % dstate
+    p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
     if HAS_INITIAL_STATE:
         state = tl.load(state_in_ptr + i_s * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n, mask=m, other=0.0)
     else:
@@ -199,11 +195,15 @@ def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, stat
         o_ch = (c * nheads + i_h) * size + o
         b_own = tl.load(states_ptr + o_ch, mask=m, other=0.0)  # the chunk's own contribution (kernel 3)
         b_decay = tl.load(decay_ptr + c * nheads + i_h)
-        tl.store(start_ptr + o_ch, _round(state, DOT_DTYPE, EMULATE).to(start_ptr.dtype.element_ty), mask=m)
+        tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
         slot = tl.load(slots_ptr + c) + 0 * o  # [BLOCK], one value
         tl.store(slot_states_ptr + (tl.maximum(slot, 0) * nheads + i_h) * size + o, state, mask=m & (slot >= 0))
+        row = tl.load(start_rows_ptr + c) + 0 * o
+        tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, state, mask=m & (row >= 0))
         state = b_decay * state + b_own
     tl.store(state_out_ptr + i_s * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n, state, mask=m)
+    row = tl.load(end_rows_ptr + i_s) + 0 * o
+    tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, state, mask=m & (row >= 0))
 
 
 @triton.jit
@@ -213,7 +213,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, CHUNK: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                         DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                         DOT_DTYPE: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_m = tl.program_id(2) // n_pblocks
@@ -228,13 +228,15 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
         o_d = tl.arange(0, BLOCK_D)
         m_m = o_m < n_tok
         m_p = o_p < headdim
+        # Scratch rows hold CHUNK entries (dt' = 0 past the chunk's end): no masks needed.
         p_dt = dt_ptr + (i_c * nheads + i_h) * CHUNK
         p_cs = cs_ptr + (i_c * nheads + i_h) * CHUNK
         p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h + o_p[None, :] * s_x_p
         p_cb = cb_ptr + (i_c * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK
-        b_cs_m = tl.load(p_cs + o_m, mask=m_m, other=0.0)  # [BM]
+        b_cs_m = tl.load(p_cs + o_m)  # [BM]
+        b_ref = tl.where(m0 > 0, tl.load(p_cs + tl.maximum(m0 - 1, 0)), 0.0)  # cs before the row block
 
-        # Inter-chunk term: the chunk-start state read out by C, decayed to each token.
+        # Inter-chunk term: the chunk-start state read out by C, decayed to the token before the rows.
         p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
         p_S0T = start_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[None, :] * dstate
         acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
@@ -242,25 +244,24 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
             m_d = d0 + o_d < dstate
             b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=m_m[:, None] & m_d[None, :], other=0.0)
             b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None], mask=m_d[:, None] & m_p[None, :], other=0.0)  # [BD, BP]
-            acc += _dot(b_C, b_S0T, DOT_DTYPE, EMULATE)
-        acc *= tl.exp(b_cs_m)[:, None]
+            acc += _dot(b_C, b_S0T, DOT_DTYPE)
+        acc *= exp2_flush(b_ref)
 
-        # Intra-chunk term, source blocks strictly below the diagonal: every token valid, causal.
+        # Source blocks strictly below the diagonal (every token valid, causal), decayed to the same token.
         for k0 in range(0, m0, BLOCK_M):
             o_k = k0 + o_j
             b_w = tl.load(p_cb + o_k[None, :]).to(tl.float32) \
-                * tl.exp(b_cs_m[:, None] - tl.load(p_cs + o_k)[None, :]) * tl.load(p_dt + o_k)[None, :]
+                * (exp2_flush(b_ref - tl.load(p_cs + o_k)) * tl.load(p_dt + o_k))[None, :]
             b_x = tl.load(p_x + o_k[:, None] * s_x_t, mask=m_p[None, :], other=0.0)  # [BK, BP]
-            acc += _dot(b_w, b_x, DOT_DTYPE, EMULATE)
+            acc += _dot(b_w, b_x, DOT_DTYPE)
+        acc *= exp2_flush(b_cs_m - b_ref)[:, None]
         # The diagonal block: causal mask; its x tile is this block's own x, reused for D x.
         causal = o_m[:, None] >= o_m[None, :]
-        b_cs_k = tl.load(p_cs + o_m, mask=m_m, other=0.0)
-        b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) \
-            * tl.exp(tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], -float("inf"))) \
-            * tl.load(p_dt + o_m, mask=m_m, other=0.0)[None, :]
+        b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \
+            * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
         m_mp = m_m[:, None] & m_p[None, :]
         b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
-        acc += _dot(b_w, b_x, DOT_DTYPE, EMULATE)
+        acc += _dot(b_w, b_x, DOT_DTYPE)
         if HAS_D:
             acc += tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)[None, :] \
                 * b_x.to(tl.float32)
@@ -269,7 +270,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                           mask=m_mp, other=0.0).to(tl.float32)
             acc = acc * b_z * tl.sigmoid(b_z)
         p_y = y_ptr + i_b * s_y_b + (t0 + o_m)[:, None] * s_y_t + i_h * s_y_h + o_p[None, :] * s_y_p
-        tl.store(p_y, acc.to(p_y.dtype.element_ty), mask=m_mp)
+        tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=m_mp)
 
 
 @triton.jit
@@ -277,33 +278,27 @@ def _capture_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, slots_ptr, slot_st
                     headdim, dstate, nheads, heads_per_group, n_nblocks,
                     s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     i_r = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_p = tl.program_id(2) // n_nblocks
-    i_n = tl.program_id(2) % n_nblocks
+    o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
     i_g = i_h // heads_per_group
     row = tl.load(inner_ptr + i_r * 3)
     i_c = tl.load(inner_ptr + i_r * 3 + 1)
-    j = tl.load(inner_ptr + i_r * 3 + 2)  # tokens of chunk i_c consumed, 0 <= j < its length
+    j = tl.load(inner_ptr + i_r * 3 + 2)  # tokens of chunk i_c consumed, 0 < j < its length
     i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_p = o_p < headdim
-    m_n = o_n < dstate
     m_pn = m_p[:, None] & m_n[None, :]
     o_scr = (i_c * nheads + i_h) * CHUNK
-    slot = tl.load(slots_ptr + i_c)
-    b_S0 = tl.load(slot_states_ptr + (slot * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :],
-                   mask=m_pn, other=0.0)
     acc = _chunk_contribution(x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h,
                               B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g,
                               dt_ptr + o_scr, cs_ptr + o_scr, j, s_x_t, s_x_p, s_B_t, s_B_n,
-                              o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, EMULATE)
-    # j = 0: scale 1 and no contribution, so the stored chunk-start state comes out unchanged.
-    b_scale = tl.where(j > 0, tl.exp(tl.load(cs_ptr + o_scr + tl.maximum(j - 1, 0))), 1.0)
+                              o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+    # The start state is read after the token loop: it holds no registers there.
+    slot = tl.load(slots_ptr + i_c)
+    b_S0 = tl.load(slot_states_ptr + (slot * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :],
+                   mask=m_pn, other=0.0)
     tl.store(captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n,
-             b_scale * b_S0 + acc, mask=m_pn)
+             exp2_flush(tl.load(cs_ptr + o_scr + j - 1)) * b_S0 + acc, mask=m_pn)
 
 
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -341,7 +336,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
     bp, bn, bk, bm, bd = (cfg[k] for k in ("BLOCK_P", "BLOCK_N", "BLOCK_K", "BLOCK_M", "BLOCK_D"))
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    dot = dict(DOT_DTYPE=_DOT_DTYPES[p.x.dtype], EMULATE=RUNS_ON_CPU)
+    dot = dict(DOT_DTYPE=_DOT_DTYPES[p.x.dtype])
     device, f32 = p.x.device, torch.float32
     # Scratch (see the module doc): dt', cs, decay; C B^T and the chunk-start states in the matmul
     # dtype (the output kernel rounds them to it anyway); own states and capture slots in fp32.
@@ -352,7 +347,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     states = torch.empty(nchunks, nheads, headdim, dstate, dtype=f32, device=device)
     start = torch.empty(nchunks, nheads, headdim, dstate, dtype=p.x.dtype, device=device)
     slot_states = torch.empty(plan.nslots, nheads, headdim, dstate, dtype=f32, device=device)
-    out = p.state_out
+    out, captured = p.state_out, p.captured
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
     x_strides, B_strides, C_strides = p.x.stride(), p.B.stride(), p.C.stride()
@@ -373,8 +368,9 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     if nseq:
         _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
             ptr_or(states, out), ptr_or(decay, out), plan.seq_chunks, ptr_or(plan.slots, plan.seq_chunks),
-            ptr_or(p.state_in, out), ptr_or(start, out), ptr_or(slot_states, out), out, headdim, dstate, nheads,
-            *strides_or_zeros(p.state_in, 4), *out.stride(),
+            ptr_or(plan.start_rows, plan.seq_chunks), plan.end_rows, ptr_or(p.state_in, out), ptr_or(start, out),
+            ptr_or(slot_states, out), out, ptr_or(captured, out), headdim, dstate, nheads,
+            *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
             HAS_INITIAL_STATE=p.state_in is not None, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
     if nchunks:
         _chunk_output_kernel[(nchunks, nheads, chunk // bm * n_pblocks)](
@@ -385,9 +381,9 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **cfg["output"])
     if plan.inner_list:
         _capture_kernel[(len(plan.inner_list), nheads, n_pblocks * n_nblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, plan.slots, slot_states, plan.inner, p.captured,
+            p.x, p.B, dt_s, cs_s, plan.chunks, plan.slots, slot_states, plan.inner, captured,
             headdim, dstate, nheads, heads_per_group, n_nblocks,
-            *x_strides, *B_strides, *p.captured.stride(),
+            *x_strides, *B_strides, *captured.stride(),
             CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
-    if plan.final_rows.numel():
-        p.captured[plan.final_rows] = out[plan.final_seqs]
+    if plan.copy_rows.numel():
+        captured[plan.copy_rows] = captured[plan.copy_from]
