@@ -9,8 +9,9 @@ offset, stores its state tile to the capture buffer, and goes on (one token loop
 The tile is a [R, J, PL, L, V] view of R * PL rows x J * L * V state columns: each thread owns R
 rows and J runs of V columns (a 128-bit load of B and C each, shared by its rows), L lanes share a
 row, so the per-token dot with C sums a thread's columns in registers and then over L lanes (a
-few shuffles). Triton's software pipeline loads the next tokens' inputs while one is computed,
-and each token's lane sum and output run in the next iteration, beside the next token's update.
+few shuffles). The token loop takes two tokens an iteration from registers loaded an iteration
+or two earlier, so no load waits on the sequential chain, and each token's lane sum and output
+run after the next token's update.
 
 Mamba-2 (one dt and one A per head): a pass first fills a table of dt' and exp(dt' A) per (token,
 head) (_dt_table_kernel), so the token loop loads two scalars instead of computing a softplus and
@@ -61,20 +62,27 @@ def _dt_table_kernel(dt_ptr, A_ptr, dt_bias_ptr, table_ptr, seqlen, nheads, dt_m
 
 
 @triton.jit
-def _load(p, mask):
-    """tl.load with a mask, or none when `mask` is None (a full tile: no predicates)."""
+def _load(p, mask, valid):
+    """tl.load of a full tile (mask None), or zeros where `valid` (a scalar, or None: true) and
+    `mask` are not both true."""
     if mask is None:
-        v = tl.load(p)
+        if valid is None:
+            v = tl.load(p)
+        else:
+            v = tl.load(p, mask=tl.where(valid, tl.full(p.shape, True, tl.int1), False), other=0)
     else:
-        v = tl.load(p, mask=mask, other=0.0)
+        if valid is not None:
+            mask = tl.where(valid, mask, False)
+        v = tl.load(p, mask=mask, other=0)
     return v
 
 
 @triton.jit
 def _rows(v, ROW_PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
     """Per-row values [R, 1, PL, 1, 1] in fp32. With ROW_PAIRS, `v` [R // 2, 1, PL, 1, 1] holds
-    32-bit words of a thread's adjacent 16-bit rows (2w, 2w + 1): loads of 4 bytes, which the
-    software pipeline can issue asynchronously (2-byte loads it cannot)."""
+    32-bit words of a thread's adjacent 16-bit rows (2w, 2w + 1), unpacked where they are used: a
+    loaded word stays as loaded until then (16-bit values would be unpacked into registers of their
+    own at the end of the loop iteration that loads them, waiting for the load)."""
     if ROW_PAIRS:
         w: tl.constexpr = v.shape[0]
         pairs = as_f32(tl.reshape(v, [w, v.shape[2], 1]), True, IS_BF16)  # [w, PL, 2]
@@ -85,86 +93,141 @@ def _rows(v, ROW_PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def _load_token(t, m_row, m_col, live, p_x, p_dt, p_tab, p_B, p_C, p_z,
-                s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t,
-                HAS_Z: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
-                ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr):
-    """Token t's inputs: x, z [R, 1, PL, 1, 1] in their dtype, dt (a scalar for Mamba-2, the
-    table's (dt', exp(dt' A)) pair with DT_TABLE, per row for Mamba-1) and B, C [1, J, PL, L, V]
-    (or their 32-bit words). m_row, m_col mask rows and columns (None: all valid); scalars are
-    read where `live`."""
-    b_x = _rows(_load(p_x + t * s_x_t, m_row), ROW_PAIRS, IS_BF16_X)
+def _load_token(t, valid, p_x, p_z, p_dt, p_B, p_C, s_x_t, s_z_t, s_dt_t, s_B_t, s_C_t, m_row, m_col,
+                HAS_Z: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr):
+    """Token t's inputs: x, z [R, 1, PL, 1, 1] in their dtype; dt and dA (the table's dt' and
+    exp(dt' A) with DT_TABLE, else dt as stored: a scalar for Mamba-2, per row for Mamba-1); B, C
+    [1, J, PL, L, V] (or their 32-bit words). Zeros unless `valid` (None: known valid); m_row,
+    m_col mask rows and columns (None: all valid)."""
+    b_x = _load(p_x + t * s_x_t, m_row, valid)
     b_z = b_x
     if HAS_Z:
-        b_z = _rows(_load(p_z + t * s_z_t, m_row), ROW_PAIRS, IS_BF16_X)
+        b_z = _load(p_z + t * s_z_t, m_row, valid)
     if A_PER_STATE:
-        b_dt = _load(p_dt + t * s_dt_t, m_row)
+        b_dt = _load(p_dt + t * s_dt_t, m_row, valid)
         b_dA = b_dt
-    elif DT_TABLE:
-        b_dt = tl.load(p_tab + t * s_tab_t, mask=live, other=0.0)
-        b_dA = tl.load(p_tab + t * s_tab_t + 1, mask=live, other=0.0)
     else:
-        b_dt = tl.load(p_dt + t * s_dt_t, mask=live, other=0.0)
+        b_dt = _load(p_dt + t * s_dt_t, None, valid)
         b_dA = b_dt
-    b_B = _load(p_B + t * s_B_t, m_col)
-    b_C = _load(p_C + t * s_C_t, m_col)
+        if DT_TABLE:
+            b_dA = _load(p_dt + t * s_dt_t + 1, None, valid)
+    b_B = _load(p_B + t * s_B_t, m_col, valid)
+    b_C = _load(p_C + t * s_C_t, m_col, valid)
     return b_x, b_z, b_dt, b_dA, b_B, b_C
 
 
 @triton.jit
-def _finish(b_yp, b_x, b_z, b_D, p_y, m_y, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    """Store one token's y: the lanes' partial sums b_yp [R, 1, PL, L, 1] summed over the row's
-    lanes, + D x, gated by silu(z), where m_y [R * PL]. After the lane sum the rows are a 1-D
-    block, which Triton spreads over the lanes: the rest runs once per row, not once per lane."""
-    rows: tl.constexpr = b_yp.shape[0] * b_yp.shape[2]
-    b_y = tl.reshape(tl.sum(b_yp, axis=3), [rows])
+def _update(state, b_x, b_dt, b_dA, b_B, b_C, b_A, b_dt_bias, dt_min, dt_max,
+            HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr,
+            DT_TABLE: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+            ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr):
+    """One token: the state after it and its lanes' partial sums of y [R, 1, PL, L, 1] (a sum
+    over each thread's columns, in registers: each run of V, then the J runs)."""
+    if A_PER_STATE:  # Mamba-1: dt' per row, a decay per state entry
+        b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
+        b_dA = tl.exp(b_dt * b_A)  # [R, J, PL, L, V]
+    elif not DT_TABLE:  # Mamba-2 decode: dt' and the decay of the head, as _dt_table_kernel
+        b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
+        b_dA = tl.exp(b_dt * b_A)
+    state = tl.fma(state, b_dA, (b_dt * _rows(b_x, ROW_PAIRS, IS_BF16_X)) * as_f32(b_B, PAIRS, IS_BF16))
+    b_yp = tl.sum(tl.sum(state * as_f32(b_C, PAIRS, IS_BF16), axis=4, keep_dims=True), axis=1, keep_dims=True)
+    return state, b_yp
+
+
+@triton.jit
+def _y_terms(b_x, b_z, b_D, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, ROW_PAIRS: tl.constexpr,
+             IS_BF16_X: tl.constexpr):
+    """A token's terms of y that need no state, D x and the gate silu(z) [R, 1, PL, 1, 1] in fp32,
+    computed beside its update: its output, a token later, then waits on no load (the loaded x
+    and z would otherwise be copied to a third buffer at the end of the iteration loading them)."""
+    b_dx = b_D
     if HAS_D:
-        b_y += tl.reshape(b_D, [rows]) * tl.reshape(b_x, [rows]).to(tl.float32)
+        b_dx = b_D * _rows(b_x, ROW_PAIRS, IS_BF16_X)
+    b_gate = b_dx
     if HAS_Z:
-        b_z = tl.reshape(b_z, [rows]).to(tl.float32)
-        b_y = b_y * b_z * tl.sigmoid(b_z)
-    p_y = tl.reshape(p_y, [rows])
+        b_z = _rows(b_z, ROW_PAIRS, IS_BF16_X)
+        b_gate = b_z * tl.sigmoid(b_z)
+    return b_dx, b_gate
+
+
+@triton.jit
+def _finish(b_yp, b_dx, b_gate, p_y, m_y, valid, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """Store one token's y: the lanes' partial sums b_yp [R, 1, PL, L, 1] summed over the row's
+    lanes (shuffles; every lane of the row ends with the sum), + D x, times the gate (_y_terms).
+    m_y [R, 1, PL, L, 1] keeps one lane per row; nothing is stored unless `valid` (None: true)."""
+    b_y = tl.sum(b_yp, axis=3, keep_dims=True)
+    if HAS_D:
+        b_y += b_dx
+    if HAS_Z:
+        b_y = b_y * b_gate
+    b_y = tl.broadcast_to(b_y, b_yp.shape)
+    if valid is not None:
+        m_y = tl.where(valid, m_y, False)
     tl.store(p_y, cast_for_store(b_y, p_y.dtype.element_ty), mask=m_y)
 
 
 @triton.jit
-def _advance(state, t_lo, t_hi,
-             p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
-             s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t, s_y_t,
-             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n, m_rows,
+def _advance(state, t_lo, t_hi, p_x, p_z, p_dt, p_B, p_C, p_y, s_x_t, s_z_t, s_dt_t, s_B_t, s_C_t, s_y_t,
+             b_A, b_D, b_dt_bias, dt_min, dt_max, m_p, m_n, m_y,
              HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
              DT_SOFTPLUS: tl.constexpr, A_PER_STATE: tl.constexpr, DT_TABLE: tl.constexpr,
-             EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
-             ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr, STAGES: tl.constexpr):
+             PAIRS: tl.constexpr, IS_BF16: tl.constexpr, ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr,
+             DEEP: tl.constexpr):
     """Consume tokens [t_lo, t_hi) of the tile's sequence; return the state after them.
 
-    Memory latency stays off the sequential chain: Triton's software pipeline (STAGES) loads the
-    inputs of the next tokens asynchronously (cp.async into shared memory) while a token is
-    computed; 16-bit rows are read in pairs so that every load is one it can issue that way.
-    Token t's sum over its row's lanes and its output run in the next iteration, beside token
-    t + 1's update. m_rows [R * PL] masks rows of the 1-D output block."""
-    some = t_lo < t_hi
-    # The previous token's lane partials, x and z (nothing before t_lo: its store is masked).
+    Two tokens a loop iteration (buffers a and b), each from registers loaded before the
+    iteration: the compiler places a loop body's loads at its end, so a token loaded for the next
+    iteration would be waited for at its start; with DEEP the loads run an iteration further
+    ahead (buffers c and d move into a and b: register copies, no waiting). An odd last token
+    runs after the loop. Token t's sum over its row's lanes and its output run after token
+    t + 1's update. Loads ahead of the segment's end read its last token again (never used): no
+    predicates."""
+    n = t_hi - t_lo
+    last = t_hi - 1
+    ax, az, adt, adA, aB, aC = _load_token(t_lo, n > 0, p_x, p_z, p_dt, p_B, p_C, s_x_t, s_z_t, s_dt_t, s_B_t,
+                                           s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+    bx, bz, bdt, bdA, bB, bC = _load_token(t_lo + 1, n > 1, p_x, p_z, p_dt, p_B, p_C, s_x_t, s_z_t,
+                                           s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+    if DEEP:  # two more tokens in flight
+        cx, cz, cdt, cdA, cB, cC = _load_token(t_lo + 2, n > 2, p_x, p_z, p_dt, p_B, p_C, s_x_t, s_z_t,
+                                               s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+        dx, dz, ddt, ddA, dB, dC = _load_token(t_lo + 3, n > 3, p_x, p_z, p_dt, p_B, p_C, s_x_t, s_z_t,
+                                               s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+    # The previous token's lane partials and y terms (none before t_lo: its store is masked).
     b_yp = tl.zeros([state.shape[0], 1, state.shape[2], state.shape[3], 1], dtype=tl.float32)
-    prev_x = tl.zeros([state.shape[0], 1, state.shape[2], 1, 1], dtype=tl.float32)
-    prev_z = prev_x
-    for t in tl.range(t_lo, t_hi, num_stages=STAGES):
-        b_x, b_z, b_dt, b_dA, b_B, b_C = _load_token(
-            t, None if EVEN_P else m_p, None if EVEN_N else m_n, True, p_x, p_dt, p_tab, p_B, p_C, p_z,
-            s_x_t, s_dt_t, s_tab_t, s_B_t, s_C_t, s_z_t, HAS_Z, A_PER_STATE, DT_TABLE, ROW_PAIRS, IS_BF16_X)
-        b_xf = b_x
-        if A_PER_STATE:  # Mamba-1: dt' per row, a decay per state entry
-            b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
-            b_dA = tl.exp(b_dt * b_A)  # [R, J, PL, L, V]
-        elif not DT_TABLE:  # Mamba-2 decode: dt' and the decay of the head, as _dt_table_kernel
-            b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
-            b_dA = tl.exp(b_dt * b_A)
-        state = state * b_dA + (b_dt * b_xf) * as_f32(b_B, PAIRS, IS_BF16)
-        # y's sum over the state columns, in-thread part: the J runs, then the thread's run.
-        b_yp_t = tl.sum(tl.sum(state * as_f32(b_C, PAIRS, IS_BF16), axis=1, keep_dims=True), axis=4, keep_dims=True)
-        _finish(b_yp, prev_x, prev_z, b_D, p_y + (t - 1) * s_y_t, tl.where(t > t_lo, m_rows, False), HAS_D, HAS_Z)
-        b_yp, prev_x, prev_z = b_yp_t, b_x, b_z
-    _finish(b_yp, prev_x, prev_z, b_D, p_y + (t_hi - 1) * s_y_t, tl.where(some, m_rows, False), HAS_D, HAS_Z)
+    pdx = b_D * 0.0
+    pgate = pdx
+    for t in tl.range(t_lo, last, 2, num_stages=1):
+        state, yp = _update(state, ax, adt, adA, aB, aC, b_A, b_dt_bias, dt_min, dt_max,
+                            HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, PAIRS, IS_BF16, ROW_PAIRS, IS_BF16_X)
+        _finish(b_yp, pdx, pgate, p_y + (t - 1) * s_y_t, m_y, t > t_lo, HAS_D, HAS_Z)
+        b_yp = yp
+        pdx, pgate = _y_terms(ax, az, b_D, HAS_D, HAS_Z, ROW_PAIRS, IS_BF16_X)
+        state, yp = _update(state, bx, bdt, bdA, bB, bC, b_A, b_dt_bias, dt_min, dt_max,
+                            HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, PAIRS, IS_BF16, ROW_PAIRS, IS_BF16_X)
+        _finish(b_yp, pdx, pgate, p_y + t * s_y_t, m_y, None, HAS_D, HAS_Z)
+        b_yp = yp
+        pdx, pgate = _y_terms(bx, bz, b_D, HAS_D, HAS_Z, ROW_PAIRS, IS_BF16_X)
+        if DEEP:
+            ax, az, adt, adA, aB, aC = cx, cz, cdt, cdA, cB, cC
+            bx, bz, bdt, bdA, bB, bC = dx, dz, ddt, ddA, dB, dC
+            cx, cz, cdt, cdA, cB, cC = _load_token(tl.minimum(t + 4, last), None, p_x, p_z, p_dt, p_B, p_C, s_x_t,
+                                                   s_z_t, s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+            dx, dz, ddt, ddA, dB, dC = _load_token(tl.minimum(t + 5, last), None, p_x, p_z, p_dt, p_B, p_C, s_x_t,
+                                                   s_z_t, s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+        else:
+            ax, az, adt, adA, aB, aC = _load_token(tl.minimum(t + 2, last), None, p_x, p_z, p_dt, p_B, p_C, s_x_t,
+                                                   s_z_t, s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+            bx, bz, bdt, bdA, bB, bC = _load_token(tl.minimum(t + 3, last), None, p_x, p_z, p_dt, p_B, p_C, s_x_t,
+                                                   s_z_t, s_dt_t, s_B_t, s_C_t, m_p, m_n, HAS_Z, A_PER_STATE, DT_TABLE)
+    # An odd count leaves one token, in buffer a (otherwise its update is dropped).
+    odd = n % 2 == 1
+    tail, yp = _update(state, ax, adt, adA, aB, aC, b_A, b_dt_bias, dt_min, dt_max,
+                       HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, PAIRS, IS_BF16, ROW_PAIRS, IS_BF16_X)
+    state = tl.where(odd, tail, state)
+    _finish(b_yp, pdx, pgate, p_y + (last - odd) * s_y_t, m_y, n > 1, HAS_D, HAS_Z)
+    adx, agate = _y_terms(ax, az, b_D, HAS_D, HAS_Z, ROW_PAIRS, IS_BF16_X)
+    _finish(yp, adx, agate, p_y + last * s_y_t, m_y, odd, HAS_D, HAS_Z)
     return state
 
 
@@ -192,7 +255,7 @@ def _scan_kernel(
     HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
     R: tl.constexpr, J: tl.constexpr, PL: tl.constexpr, L: tl.constexpr, V: tl.constexpr,
     EVEN_P: tl.constexpr, EVEN_N: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
-    OFFSETS_32: tl.constexpr, ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr,
+    OFFSETS_32: tl.constexpr, ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr, DEEP: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -215,21 +278,23 @@ def _scan_kernel(
         starts = live & (tl.load(has_initial_ptr + i_s) != 0)
 
     # The tile [R, J, PL, L, V]: rows o_p = l_p * R + r, state columns o_n = (j * L + l) * V + v
-    # (lanes hold PL rows x L column runs; a thread R rows x J runs of V columns).
-    o_l = tl.arange(0, PL)[None, None, :, None, None]
-    o_p = i_p * (R * PL) + o_l * R + tl.arange(0, R)[:, None, None, None, None]
-    o_n = (tl.arange(0, J)[None, :, None, None, None] * L + tl.arange(0, L)[None, None, None, :, None]) * V \
-        + tl.arange(0, V)[None, None, None, None, :]
+    # (lanes hold PL rows x L column runs; a thread R adjacent rows x J runs of V columns).
+    o_pl = tl.arange(0, PL)[None, None, :, None, None]
+    o_p = i_p * (R * PL) + o_pl * R + tl.arange(0, R)[:, None, None, None, None]
+    o_l = tl.arange(0, L)[None, None, None, :, None]
+    o_run = tl.arange(0, J)[None, :, None, None, None] * L + o_l
+    o_n = o_run * V + tl.arange(0, V)[None, None, None, None, :]
+    zero_pl = o_pl * 0
     m_p = o_p < headdim
     m_n = o_n < dstate
     m_pn = m_p & m_n
-    m_rows = tl.reshape(m_p, [R * PL])
+    m_y = m_p & (o_l == 0)  # one lane per row stores y
 
     # Pointers to token 0 of this tile's sequence; _advance adds t * stride.
     p_x = x_ptr + i_b * s_x_b + bos * s_x_t + i_h * s_x_h
     p_z = z_ptr + i_b * s_z_b + bos * s_z_t + i_h * s_z_h
     if ROW_PAIRS:  # a thread's rows as 32-bit words of two (see _rows)
-        o_pair = (i_p * (R * PL) + o_l * R) // 2 + tl.arange(0, R // 2)[:, None, None, None, None]
+        o_pair = (i_p * (R * PL) + o_pl * R) // 2 + tl.arange(0, R // 2)[:, None, None, None, None]
         p_x = p_x.to(tl.pointer_type(tl.uint32)) + o_pair
         p_z = p_z.to(tl.pointer_type(tl.uint32)) + o_pair
         m_x = o_pair * 2 < headdim
@@ -239,26 +304,28 @@ def _scan_kernel(
         p_x += o_p * s_x_p
         p_z += o_p * s_z_p
         m_x = m_p
-    p_y = y_ptr + i_b * s_y_b + bos * s_y_t + i_h * s_y_h + o_p * s_y_p
-    p_dt = dt_ptr + i_b * s_dt_b + bos * s_dt_t + i_h * s_dt_h
-    if A_PER_STATE:
-        p_dt += o_p * s_dt_p
-    p_tab = table_ptr + ((i_b * seqlen + bos) * nheads + i_h) * 2
+    p_y = y_ptr + i_b * s_y_b + bos * s_y_t + i_h * s_y_h + o_p * s_y_p + o_l * 0
+    if DT_TABLE:  # (dt', exp(dt' A)) of the head per token
+        p_dt = table_ptr + ((i_b * seqlen + bos) * nheads + i_h) * 2
+        s_dt_t = 2 * nheads
+    else:
+        p_dt = dt_ptr + i_b * s_dt_b + bos * s_dt_t + i_h * s_dt_h
+        if A_PER_STATE:
+            p_dt += o_p * s_dt_p
     # B and C pointers span the lanes' rows with stride 0, so the loads take the state's layout
     # ([1, J, PL, L, V]: one copy per thread, broadcast over its R rows in registers).
     p_B = B_ptr + i_b * s_B_b + bos * s_B_t + i_g * s_B_g
     p_C = C_ptr + i_b * s_C_b + bos * s_C_t + i_g * s_C_g
     if PAIRS:  # 16-bit B and C read as 32-bit words of two columns (see as_f32)
-        o_w = (tl.arange(0, J)[None, :, None, None, None] * L + tl.arange(0, L)[None, None, None, :, None]) \
-            * (V // 2) + tl.arange(0, V // 2)[None, None, None, None, :]
-        p_B = p_B.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
-        p_C = p_C.to(tl.pointer_type(tl.uint32)) + o_w + o_l * 0
+        o_w = o_run * (V // 2) + tl.arange(0, V // 2)[None, None, None, None, :]
+        p_B = p_B.to(tl.pointer_type(tl.uint32)) + o_w + zero_pl
+        p_C = p_C.to(tl.pointer_type(tl.uint32)) + o_w + zero_pl
         m_bc = o_w * 2 < dstate
         s_B_t = s_B_t // 2
         s_C_t = s_C_t // 2
     else:
-        p_B += o_n * s_B_n + o_l * 0
-        p_C += o_n * s_C_n + o_l * 0
+        p_B += o_n * s_B_n + zero_pl
+        p_C += o_n * s_C_n + zero_pl
         m_bc = m_n
 
     if A_PER_STATE:
@@ -295,11 +362,10 @@ def _scan_kernel(
         end = length
         if HAS_CAPTURE:
             end = tl.load(cap_offset_ptr + c_lo + c, mask=c < n_cap, other=length).to(length.dtype)
-        state = _advance(state, done, end, p_x, p_dt, p_tab, p_B, p_C, p_z, p_y,
-                         s_x_t, s_dt_t, 2 * nheads, s_B_t, s_C_t, s_z_t, s_y_t,
-                         b_A, b_D, b_dt_bias, dt_min, dt_max, m_x, m_bc, m_rows,
-                         HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, EVEN_P, EVEN_N,
-                         PAIRS, IS_BF16, ROW_PAIRS, IS_BF16_X, 3)
+        state = _advance(state, done, end, p_x, p_z, p_dt, p_B, p_C, p_y, s_x_t, s_z_t, s_dt_t, s_B_t, s_C_t, s_y_t,
+                         b_A, b_D, b_dt_bias, dt_min, dt_max, None if EVEN_P else m_x, None if EVEN_N else m_bc,
+                         m_y, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, PAIRS, IS_BF16, ROW_PAIRS,
+                         IS_BF16_X, DEEP)
         if HAS_CAPTURE:
             row = tl.load(cap_row_ptr + c_lo + c, mask=c < n_cap, other=0)
             p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
@@ -312,30 +378,36 @@ def _scan_kernel(
     tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
 
 
-def launch_config(headdim: int, dstate: int, input_bits: int) -> tuple[int, int, int, int, int, int]:
-    """(R, J, PL, L, V, num_warps) for the model dimensions and the bits of B and C's dtype: tiles
-    of R * PL rows x J * L * V state columns.
+def launch_config(headdim: int, dstate: int, input_bits: int, a_per_state: bool = False,
+                  gated: bool = False) -> tuple[int, int, int, int, int, int]:
+    """(R, J, PL, L, V, num_warps) for the model dimensions, the bits of B and C's dtype and the
+    layout (a_per_state: Mamba-1; gated: y gated by z): tiles of R * PL rows x J * L * V state
+    columns. A row's arithmetic does not depend on R.
 
-    A thread owns R rows and ROW_RUN state columns of each: J runs of V columns, V being a
-    128-bit load of B and C (loaded once, shared by its rows). L = next_power_of_2(dstate) /
+    A thread owns R adjacent rows and ROW_RUN state columns of each: J runs of V columns, V being
+    a 128-bit load of B and C (loaded once, shared by its rows). L = next_power_of_2(dstate) /
     ROW_RUN lanes share a row, so the sum over a row's columns is in registers, then log2(L)
-    shuffles; PL = 32 / L rows sit side by side in the warp. One warp per program: the per-token
-    reduction stays inside the warp (shuffles, no shared memory), and a layer's tiles are all
-    resident at once: the recurrence is sequential, so a second wave would double a pass.
-    ROWS_PER_THREAD = 2 (8 rows a warp at dstate 128): the static cost report models 16-row warps
-    slower (more instructions a warp and a longer in-order chain per token).
+    shuffles; PL = 32 / L rows sit side by side in the warp. One warp per program: the
+    per-token reduction stays inside the warp (shuffles, no shared memory), and a layer's tiles
+    are all resident at once: the recurrence is sequential, so a second wave would double a
+    pass. ROWS_PER_THREAD = 4 (16 rows a warp at dstate 128): a 2.7B layer's 5120 rows make 320
+    warps, at most one on each of an H200's 528 schedulers (8-row warps put two on some), and B
+    and C's conversions are shared by more rows. Mamba-1 keeps ROWS_PER_THREAD_NARROW = 2: an exp
+    per state entry makes its rows costlier, and its 5120 channels would make only 40 warps; so
+    does a gated pass, whose z buffers would not fit in registers beside 4 rows' state.
     """
     block_n = triton.next_power_of_2(dstate)
     v = min(128 // input_bits, ROW_RUN, block_n)  # elements of B and C in one 128-bit load
     run = min(ROW_RUN, block_n)
     lanes = block_n // run
     pl = min(triton.next_power_of_2(headdim), max(1, 32 // lanes))
-    r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD)
+    r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD_NARROW if a_per_state or gated else ROWS_PER_THREAD)
     return r, run // v, pl, lanes, v, 1
 
 
 ROW_RUN = 16
-ROWS_PER_THREAD = 2
+ROWS_PER_THREAD = 4
+ROWS_PER_THREAD_NARROW = 2
 DT_TABLE_BLOCK_T = 32
 
 
@@ -352,6 +424,13 @@ def dt_table(p: ScanProblem) -> torch.Tensor:
         HAS_DT_BIAS=bias is not None, DT_SOFTPLUS=p.dt_softplus,
         BLOCK_T=DT_TABLE_BLOCK_T, BLOCK_H=triton.next_power_of_2(nheads), num_warps=4)
     return table
+
+
+def deep_prefetch(p: ScanProblem, pairs: bool) -> bool:
+    """Whether the token loop loads two iterations ahead (_advance's DEEP): where the registers
+    allow it without spilling (16-bit B and C read in pairs, Mamba-2, no z, no captures). Only
+    where loads are issued changes, not the arithmetic: a pass's bits are the same either way."""
+    return pairs and not p.a_per_state and p.z is None and p.captures.count == 0
 
 
 def _reads_pairs(a: torch.Tensor, b: torch.Tensor, dim: int = 3) -> bool:
@@ -379,8 +458,9 @@ def run_triton(p: ScanProblem) -> None:
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
-    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8)
+    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8, p.a_per_state, p.z is not None)
     block_p = r * pl
+    pairs = _reads_pairs(p.B, p.C)
     use_table = not p.a_per_state and p.x.shape[1] > 1
     table = dt_table(p) if use_table else None
     grid = (nseq, nheads, triton.cdiv(headdim, block_p))
@@ -404,9 +484,10 @@ def run_triton(p: ScanProblem) -> None:
         HAS_SKIP=p.skip_slot is not None,
         IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
         R=r, J=j, PL=pl, L=lanes, V=v, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * lanes * v,
-        PAIRS=_reads_pairs(p.B, p.C), IS_BF16=p.B.dtype == torch.bfloat16,
+        PAIRS=pairs, IS_BF16=p.B.dtype == torch.bfloat16,
+        OFFSETS_32=_token_offsets_fit_32_bits(p),
         ROW_PAIRS=r % 2 == 0 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
         IS_BF16_X=p.x.dtype == torch.bfloat16,
-        OFFSETS_32=_token_offsets_fit_32_bits(p),
+        DEEP=deep_prefetch(p, pairs),
         num_warps=num_warps,
     )
