@@ -45,6 +45,7 @@ Launch overhead (a few microseconds per kernel) is not modelled.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from .sass import Code, Instr, Loop
@@ -163,23 +164,22 @@ def issue_slots(instrs: list[Instr]) -> float:
     return max(len(instrs), PIPE_SLOTS["alu"] * alu, PIPE_SLOTS["MUFU"] * mufu)
 
 
+REGISTER = re.compile(r"(?<![A-Za-z0-9_])(UR|UP|R|P)(\d+)((?:\.\w+)*)")  # RZ, PT, URZ, UPT: no number
+
+
 def _registers(instr: Instr) -> tuple[list[str], list[str]]:
     """(written, read) register names of an instruction (R, P, UR, UP), approximately: the first
     operand is written unless the opcode only reads (stores, branches, barriers); vector
-    operands (.64/.128 and MMA fragments) cover the following registers."""
+    operands (.64/.128 and MMA fragments) cover the following registers; an address operand
+    reads one register, or two when marked .64, whatever the width of the data it moves."""
     width = 4 if instr.base in ("HMMA", "HGMMA") else 4 if ".128" in instr.opcode else 2 if ".64" in instr.opcode else 1
 
     def names(operand: str, wide: int) -> list[str]:
+        address = "[" in operand  # [R2.64+0x80], desc[UR4][R2.64]: a register or a .64 pair
         out = []
-        for token in operand.replace("[", " ").replace("]", " ").replace("!", " ").replace("-", " ").replace("|", " ").split():
-            reg = token.split(".")[0]
-            if reg[:1] in ("R", "P") or reg[:2] in ("UR", "UP"):
-                if reg in ("RZ", "PT", "URZ", "UPT") or not reg.lstrip("URP").isdigit():
-                    continue
-                prefix = reg.rstrip("0123456789")
-                n = int(reg[len(prefix):])
-                span = wide if token.endswith((".64", ".128")) or wide > 1 else 1
-                out += [f"{prefix}{n + k}" for k in range(span)]
+        for prefix, number, suffix in REGISTER.findall(operand):
+            span = (2 if ".64" in suffix else 1) if address else wide
+            out += [f"{prefix}{int(number) + k}" for k in range(span)]
         return out
 
     ops = instr.operands

@@ -218,3 +218,15 @@ def test_the_mamba1_peer_by_the_same_rule():
     assert m["memory"]["hbm_bytes"] == pytest.approx(unique) and m["memory"]["bytes"] == pytest.approx(requested)
     assert m["terms_ms"]["memory"] == pytest.approx(max(unique / HBM, requested / L2) * 1e3)
     assert m["time_ms"] == max(m["terms_ms"].values())
+
+
+def test_an_address_reads_its_own_registers_not_the_width_of_the_data():
+    from bench.sass import Instr
+
+    _registers = model._registers
+    load = Instr(0, "", "LDG.E.128", ["R4", "desc[UR6][R38.64+0x80]"], ())
+    assert _registers(load) == (["R4", "R5", "R6", "R7"], ["UR6", "R38", "R39"])
+    shared = Instr(0, "@!P1", "LDS.64", ["R12", "[R3+0x10]"], ())
+    assert _registers(shared) == (["R12", "R13"], ["P1", "R3"])
+    store = Instr(0, "", "STG.E.128", ["desc[UR4][R2.64]", "R8"], ())
+    assert _registers(store) == ([], ["UR4", "R2", "R3", "R8", "R9", "R10", "R11"])
