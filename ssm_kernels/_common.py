@@ -178,6 +178,18 @@ class Sequences:
             start += length
 
 
+def lengths_from_bounds(bounds: list[int]) -> list[int]:
+    """Sequence lengths from cu_seqlens' values (host ints), which must start at 0 and not decrease."""
+    if len(bounds) < 1 or bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[:1]}")
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    for s, length in enumerate(lengths):
+        if length < 0:
+            raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = {bounds[s + 1]} "
+                             f"< cu_seqlens[{s}] = {bounds[s]}")
+    return lengths
+
+
 def make_sequences(batch: int, seqlen: int, cu_seqlens, device: torch.device) -> Sequences:
     if cu_seqlens is None:
         return Sequences(None, [seqlen] * batch, varlen=False)
@@ -187,13 +199,7 @@ def make_sequences(batch: int, seqlen: int, cu_seqlens, device: torch.device) ->
     if batch != 1:
         raise ValueError(f"a varlen batch (cu_seqlens given) must have batch size 1, got {batch}")
     bounds = cu_seqlens.tolist()
-    if len(bounds) < 1 or bounds[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {bounds[:1]}")
-    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    for s, length in enumerate(lengths):
-        if length < 0:
-            raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = {bounds[s + 1]} "
-                             f"< cu_seqlens[{s}] = {bounds[s]}")
+    lengths = lengths_from_bounds(bounds)
     if bounds[-1] != seqlen:
         raise ValueError(f"cu_seqlens must end at seqlen = {seqlen}, got {bounds[-1]}")
     return Sequences(cu_seqlens.to(torch.int64), lengths, varlen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._common import INDEX_DTYPES, CaptureTable, Sequences, check_tensor
+from .._common import INDEX_DTYPES, CaptureTable, Sequences, check_tensor, lengths_from_bounds
 from ..scan.chunked import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
@@ -187,14 +187,7 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
 
 
 def _validate_prefill(cu_seqlens, state_indices, capture_seq, capture_offset, capture_slot, skip_slot, nslots):
-    bounds = cu_seqlens.tolist()
-    if bounds[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
-    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    for s, length in enumerate(lengths):
-        if length < 0:
-            raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{s + 1}] = {bounds[s + 1]} "
-                             f"< cu_seqlens[{s}] = {bounds[s]}")
+    lengths = lengths_from_bounds(cu_seqlens.tolist())
     slots = state_indices.tolist()
     live = [s for s in slots if s != skip_slot]
     _check_slots("state_indices", slots, skip_slot, nslots)
