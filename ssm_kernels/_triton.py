@@ -110,6 +110,29 @@ def sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN: tl.constexpr):
     return i_b, bos, length
 
 
+@triton.jit
+def row_slots(i_s, length, slot_in_ptr, slot_out_ptr, has_initial_ptr, skip_slot, HAS_SLOT_IN: tl.constexpr,
+              HAS_SLOT_OUT: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr):
+    """Where row i_s's states live in a pool of slots (an engine's cache, read and written in
+    place): (slot read, slot written, live, starts, length). A row on the skip slot (an engine's
+    padding) is not live: it reads and writes nothing and its length becomes 0; `starts` says
+    whether the row reads its initial state."""
+    i_in = i_s
+    if HAS_SLOT_IN:
+        i_in = tl.load(slot_in_ptr + i_s).to(tl.int64)
+    i_out = i_in
+    if HAS_SLOT_OUT:
+        i_out = tl.load(slot_out_ptr + i_s).to(tl.int64)
+    live = i_s == i_s
+    if HAS_SKIP:
+        live = i_in != skip_slot
+        length = tl.where(live, length, 0)
+    starts = live
+    if HAS_INITIAL_FLAGS:
+        starts = live & (tl.load(has_initial_ptr + i_s) != 0)
+    return i_in, i_out, live, starts, length
+
+
 
 
 # Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import cast_for_store, ptr_or, sequence_span, strides_or_zeros
+from .._triton import cast_for_store, ptr_or, row_slots, sequence_span, strides_or_zeros
 from .problem import ConvProblem
 
 # Tile sizes: fixed constants (the result of an element does not depend on them anyway: the tile
@@ -96,17 +96,8 @@ def _conv_kernel(
     i_s = tl.program_id(2).to(tl.int64)
 
     i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
-    # States in a pool of slots (an engine's cache), read and written in place.
-    i_slot = i_s
-    if HAS_STATE_INDEX:
-        i_slot = tl.load(state_index_ptr + i_s).to(tl.int64)
-    live = i_s == i_s  # a skipped row (an engine's padding) reads and writes nothing
-    if HAS_SKIP:
-        live = i_slot != skip_slot
-        length = tl.where(live, length, 0)
-    starts = live  # whether the row reads its initial state
-    if HAS_INITIAL_FLAGS:
-        starts = live & (tl.load(has_initial_ptr + i_s) != 0)
+    i_slot, _, live, starts, length = row_slots(i_s, length, state_index_ptr, state_index_ptr, has_initial_ptr,
+                                               skip_slot, HAS_STATE_INDEX, False, HAS_INITIAL_FLAGS, HAS_SKIP)
 
     # The tile [BLOCK_D channels, BLOCK_T // VEC, VEC] of outputs at o_t = v * VEC + j.
     o_d1 = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)

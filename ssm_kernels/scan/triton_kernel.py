@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import as_f32, cast_for_store, discretize_dt, ptr_or, sequence_span, strides_or_zeros
+from .._triton import as_f32, cast_for_store, discretize_dt, ptr_or, row_slots, sequence_span, strides_or_zeros
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -263,19 +263,8 @@ def _scan_kernel(
     i_g = i_h // heads_per_group
 
     i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
-    i_in = i_s
-    if HAS_SLOT_IN:
-        i_in = tl.load(slot_in_ptr + i_s).to(tl.int64)
-    i_out = i_in
-    if HAS_SLOT_OUT:
-        i_out = tl.load(slot_out_ptr + i_s).to(tl.int64)
-    live = i_s == i_s  # a skipped row (an engine's padding) reads and writes nothing
-    if HAS_SKIP:
-        live = i_in != skip_slot
-        length = tl.where(live, length, 0)
-    starts = live  # whether the row reads its initial state
-    if HAS_INITIAL_FLAGS:
-        starts = live & (tl.load(has_initial_ptr + i_s) != 0)
+    i_in, i_out, live, starts, length = row_slots(i_s, length, slot_in_ptr, slot_out_ptr, has_initial_ptr, skip_slot,
+                                                  HAS_SLOT_IN, HAS_SLOT_OUT, HAS_INITIAL_FLAGS, HAS_SKIP)
 
     # The tile [R, J, PL, L, V]: rows o_p = l_p * R + r, state columns o_n = (j * L + l) * V + v
     # (lanes hold PL rows x L column runs; a thread R adjacent rows x J runs of V columns).
