@@ -130,8 +130,47 @@ def _update(state, b_x, b_dt, b_dA, b_B, b_C, b_A, b_dt_bias, dt_min, dt_max,
         b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
         b_dA = tl.exp(b_dt * b_A)
     state = tl.fma(state, b_dA, (b_dt * _rows(b_x, ROW_PAIRS, IS_BF16_X)) * as_f32(b_B, PAIRS, IS_BF16))
-    b_yp = tl.sum(tl.sum(state * as_f32(b_C, PAIRS, IS_BF16), axis=4, keep_dims=True), axis=1, keep_dims=True)
-    return state, b_yp
+    return state, _row_dot(state, as_f32(b_C, PAIRS, IS_BF16))
+
+
+@triton.jit
+def _row_dot(state, b_C):
+    """A thread's partial sums of y [R, 1, PL, L, 1]: its J * V products of each row (state
+    [R, J, PL, L, V], C [1, J, PL, L, V]) summed in the same order for every row, as two chains
+    of fused multiply-adds (even and odd columns) and one add: a tree of sums takes a multiply
+    and an add for half the products, one chain twice the dependent steps."""
+    s = tl.permute(state, (0, 2, 3, 1, 4))  # [R, PL, L, J, V]: the thread's columns last
+    c = tl.broadcast_to(tl.permute(b_C, (0, 2, 3, 1, 4)), s.shape)
+    k: tl.constexpr = s.shape[3] * s.shape[4]
+    s = tl.reshape(s, [s.shape[0], s.shape[1], s.shape[2], k])
+    c = tl.reshape(c, s.shape)
+    acc = tl.full([s.shape[0], s.shape[1], s.shape[2]], -0.0, tl.float32)  # fma(a, b, -0) = a b
+    if k == 1:
+        acc = _fma_chain(acc, s, c)
+    else:
+        s_even, s_odd = _halves(s)
+        c_even, c_odd = _halves(c)
+        acc = _fma_chain(acc, s_even, c_even) + _fma_chain(acc, s_odd, c_odd)
+    return tl.expand_dims(tl.expand_dims(acc, 1), 4)
+
+
+@triton.jit
+def _halves(x):
+    """x [A, B, C, K] (K even) as its even and its odd k's, each [A, B, C, K / 2]."""
+    return tl.split(tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], x.shape[3] // 2, 2]))
+
+
+@triton.jit
+def _fma_chain(acc, s, c):
+    """acc + the sum over k of s[..., k] c[..., k] (s, c [A, B, C, K], K a power of 2) as one
+    chain of K fused multiply-adds: the even k's, then the odd k's, each half in this order."""
+    if s.shape[3] == 1:
+        acc = tl.fma(tl.sum(s, axis=3), tl.sum(c, axis=3), acc)
+    else:
+        s_even, s_odd = _halves(s)
+        c_even, c_odd = _halves(c)
+        acc = _fma_chain(_fma_chain(acc, s_even, c_even), s_odd, c_odd)
+    return acc
 
 
 @triton.jit
