@@ -126,3 +126,17 @@ def test_softplus_extremes(device):
         got = mamba2_scan(x, dt, A, B, C, dt_softplus=True, backend=backend)
         assert_rel_close(got.y, want.y, 1e-5, f"{backend} y")
         assert_rel_close(got.final_states, want.final_states, 1e-5, f"{backend} state")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dstate", [1, 2, 3, 5, 32])
+def test_small_and_odd_state_sizes(backend, dstate, device):
+    """A thread's columns of a row: one, a few, a ragged tile; the dot with C is a chain over them."""
+    args, kw = mamba2_positional(mamba2_inputs(2, 7, nheads=2, headdim=4, dstate=dstate, device=device))
+    kw.update(dt_softplus=True, capture=edge_captures([7, 7]))
+    check_result(mamba2_scan(*args, **kw, backend=backend), mamba2_scan_ref(*args, **kw), torch.float32,
+                 f"mamba2 dstate {dstate}")
+    args, kw = mamba1_positional(mamba1_inputs(2, 7, dim=6, dstate=dstate, device=device))
+    kw.update(capture=edge_captures([7, 7]))
+    check_result(mamba1_scan(*args, **kw, backend=backend), mamba1_scan_ref(*args, **kw), torch.float32,
+                 f"mamba1 dstate {dstate}")
