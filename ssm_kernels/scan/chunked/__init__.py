@@ -37,14 +37,14 @@ MAX_CHUNK_SIZE = 1024
 # "auto" picks the chunked path on CUDA from this many tokens in the longest sequence of the pass.
 # Modelled for sm_90a (H200), not measured: both kernels compiled as a launch specialises them,
 # bfloat16, the Mamba-2 2.7B layer (80 heads x 64, dstate 128):
-# - recurrent: its token loop takes two tokens an iteration in 727 cycles of one warp's in-order
-#   chain (720 SASS instructions; a program is one warp of 16 state rows, and the 320 programs of
-#   the layer fit one wave, at most one on each scheduler), about 364 cycles a token, 0.19 us at
-#   1.9 GHz: about 24 us for 128 tokens, 48 us for 256;
+# - recurrent: its token loop takes two tokens an iteration in 669 cycles of one warp's in-order
+#   chain (661 SASS instructions; a program is one warp of 16 state rows, and the 320 programs of
+#   the layer fit one wave, at most one on each scheduler), about 335 cycles a token, 0.18 us at
+#   1.9 GHz: about 23 us for 128 tokens, 45 us for 256;
 # - chunked: five kernel launches whatever the length up to one chunk (six with captures), each a
 #   short wave; at about 4 us per launch (launch latency plus one wave, assumed) that is about
 #   20 us.
-# They cross near 20 / 0.19 = 105 tokens: the threshold is the next power of two. The GPU suite's
+# They cross near 20 / 0.18 = 113 tokens: the threshold is the next power of two. The GPU suite's
 # crossover section (bench/scan.py) measures it; replace this value with the measured one.
 AUTO_CHUNKED_MIN_TOKENS = 128
 
