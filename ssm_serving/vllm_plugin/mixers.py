@@ -8,7 +8,7 @@ captures.py) written in the same pass. Anything these do not cover (speculative 
 ReplaySSM, the profile run) goes to vLLM's own method.
 
 Prefill scans run the engine's algorithm named by the env SSM_KERNELS_VLLM_PREFILL_ALGORITHM:
-"auto" (default: the chunked scan on CUDA from a few dozen tokens, where it is modelled several
+"auto" (default: the chunked scan on CUDA from chunked.AUTO_CHUNKED_MIN_TOKENS tokens, modelled several
 times faster than the recurrent one at long passes; the recurrent scan on CPU, where PyTorch's
 chunked path measured slower at the plugin's shapes), "chunked" or "recurrent". The chunked
 scan's grid sits at each request's computed-token count, with the model's chunk size for Mamba-2
@@ -40,9 +40,10 @@ def prefill_algorithm() -> str:
 
 def _chunk_size(md):
     """vLLM's Mamba-2 chunk size where the chunked scan takes it, else None (its default)."""
-    size = getattr(md, "chunk_size", None)
-    valid = isinstance(size, int) and 16 <= size <= chunked.MAX_CHUNK_SIZE and not size & (size - 1)
-    return size if valid else None
+    try:
+        return chunked.check_chunk_size(getattr(md, "chunk_size", None))
+    except (TypeError, ValueError):
+        return None
 
 
 def _layer_metadata(prefix: str):
