@@ -14,9 +14,10 @@ import sys
 
 import torch
 
-from . import common, use_triton_interpreter
+from . import use_triton_interpreter
 
-use_triton_interpreter()  # the interpreter without CUDA; before the kernels are imported
+use_triton_interpreter()  # the interpreter without CUDA; before Triton and the kernels are imported
+from . import common  # noqa: E402
 from ssm_kernels import mamba2_scan  # noqa: E402
 from ssm_kernels.scan.reference import mamba2_scan_ref  # noqa: E402
 

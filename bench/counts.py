@@ -1,9 +1,9 @@
 """What a call's kernels do, counted by running them through the Triton interpreter: bytes
 loaded, stored and updated atomically (masked-off elements excluded), per storage and in total,
-dot FLOPs, transcendental evaluations (exp, log, ... : the MUFU work) and how many times each
-source line ran, per chain of call sites (a helper called from two places counts apart for each,
-as the SASS inlines it twice). The one counter of kernel work: the static report (bench.static)
-and the chunked scan's cost test (tests/test_chunked_cost.py) both use it.
+dot FLOPs, transcendental evaluations (exp, log, ... : the MUFU work), how many times each source
+line ran and in how many programs, per chain of call sites (a helper called from two places
+counts apart for each, as the SASS inlines it twice). The one counter of kernel work: the static
+report (bench.static) and the chunked scan's cost test (tests/test_chunked_cost.py) both use it.
 
 Bytes: an access counts the distinct addresses its unmasked elements ask for times their size (an
 address that several elements of one load share, a tile broadcast over some axes, counts once:
@@ -15,9 +15,10 @@ needs at most its size loaded and its size stored from HBM (bench.model.traffic)
 `counting(sample=...)` counts the launches of whatever runs inside it, in this process (which
 must have defined the kernels under TRITON_INTERPRET=1). With sample=False every program runs;
 with sample=True (the static report) each launch runs only the programs at the two ends of each
-grid axis longer than two (all of a shorter axis), each weighed by the number of programs it
-stands for: the two ends give the exact mean of anything that varies linearly along an axis (a
-causal block loop; a ragged last chunk weighs as it should only when it is one of two).
+grid axis longer than two (all of a shorter axis, and all of an axis in UNALIKE_AXES), each
+weighed by the number of programs it stands for: the two ends give the exact mean of anything
+that varies linearly along an axis (a causal block loop; a ragged last chunk weighs as it should
+only when it is one of two).
 `count(requests)` counts workload calls in an interpreter subprocess (`python -m bench.counts`,
 JSON in and out). Totals are for the whole grid.
 
@@ -44,6 +45,13 @@ OUTSIDE = "(no argument)"  # accesses outside every tensor argument's storage (n
 CACHE_LINE = 128  # bytes: programs share data when they touch a common line
 
 
+# Grid axes along which a kernel's programs are not alike, so that the two ends cannot stand for
+# the rest: sampling runs them in full. Along axis 0 (chunks) of the chunked scan's state and
+# output kernels, the chunks with inner captures do more work, and the output kernel's rows past
+# the chunks are the captures'.
+UNALIKE_AXES = {"_chunk_state_kernel": (0,), "_chunk_output_kernel": (0,)}
+
+
 def sample_axis(n: int) -> list[int]:
     """Program indices sampled along an axis of n: both ends (all of n <= 2)."""
     return list(range(n)) if n <= 2 else [0, n - 1]
@@ -56,6 +64,8 @@ class _Counter:
         self.weight = 1.0
         self.totals = Counter()
         self.lines = Counter()
+        self.reached = Counter()  # per line: the programs that ran it at least once
+        self.seen = set()  # the lines the running program has run
         self.storages = storages  # (first byte, end) of each argument's storage -> its name
         self.per_storage = defaultdict(Counter)
         self.grid = grid
@@ -64,6 +74,7 @@ class _Counter:
         self.touched = defaultdict(list)  # (program, storage) -> arrays of the cache lines it touched
 
     def run_program(self, x: int, y: int, z: int):
+        self.seen = set()
         at_ends = x in self.ends[0] and y in self.ends[1] and z in self.ends[2]
         self.program = (x, y, z) if at_ends else None
 
@@ -181,7 +192,11 @@ def _install_counting(counter: _Counter, lines: bool):
 
         def on_line(frame, event, arg):
             if event == "line":
-                counter.lines[where(frame)] += counter.weight
+                key = where(frame)
+                counter.lines[key] += counter.weight
+                if key not in counter.seen:
+                    counter.seen.add(key)
+                    counter.reached[key] += counter.weight
             return on_line
 
         return on_line
@@ -220,7 +235,9 @@ def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool) -> dict:
         counter = _Counter({bounds: "/".join(names[:3] + ["..."] * (len(names) > 3))
                             for bounds, names in storages.items()}, grid)
         interpreter.interpreter_builder.set_grid_dim(*grid)
-        samples = [sample_axis(n) if sample else list(range(n)) for n in grid]
+        unalike = UNALIKE_AXES.get(fn.fn.__name__, ())
+        samples = [sample_axis(n) if sample and axis not in unalike else list(range(n))
+                   for axis, n in enumerate(grid)]
         for n, s in zip(grid, samples):
             counter.weight *= n / len(s) if s else 0.0
         undo = _install_counting(counter, lines)
@@ -239,7 +256,8 @@ def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool) -> dict:
     totals = {k: float(counter.totals[k]) for k in ("bytes_loaded", "bytes_stored", "bytes_atomic", "dot_flops",
                                                     "transcendentals")}
     return {"kernel": fn.fn.__name__, "grid": list(grid), "sampled": [len(s) for s in samples], **totals,
-            "storages": counter.storage_counts(), "lines": dict(counter.lines)}
+            "storages": counter.storage_counts(), "lines": dict(counter.lines),
+            "reached": dict(counter.reached)}
 
 
 @contextlib.contextmanager
@@ -247,8 +265,9 @@ def counting(sample: bool = True, lines: bool = True):
     """Inside, every Triton kernel launch runs through the interpreter with its work counted (all
     its programs, or with sample=True those at the ends of each grid axis, weighed), and its
     counts are appended to the list this yields: {"kernel", "grid", "sampled", "bytes_loaded",
-    "bytes_stored", "bytes_atomic", "dot_flops", "transcendentals", "storages", "lines" (empty
-    unless lines=True), "site", "config", "n_configs"}. An autotuned kernel runs once per config.
+    "bytes_stored", "bytes_atomic", "dot_flops", "transcendentals", "storages", "lines" and
+    "reached" (per source line: its runs, and the programs that ran it; empty unless lines=True),
+    "site", "config", "n_configs"}. An autotuned kernel runs once per config.
     The kernels must have been defined under TRITON_INTERPRET=1."""
     import numpy as np
     from triton import knobs

@@ -26,13 +26,16 @@ For one kernel launch on an H200:
               program / 4) warps on it, each issuing a program's average stream. Slots of a
               stream: max(instructions, 2 x ALU-pipe instructions, 8 x MUFU instructions) (the ALU
               pipe is 16 lanes and the MUFU pipe 4 lanes per scheduler); instructions =
-              straight-line SASS once per program + each loop's SASS x its executions
-              (interpreter line counts, per chain of inlined call sites).
-    latency = waves x one program's dependent time: the straight-line code and each loop
-              iteration replayed in order for one warp (an instruction issues one cycle after the
-              previous one, or when its operands are ready), times the loop's iterations per
-              program. Other warps on the scheduler hide this only through `issue`: the two are
-              reported apart so that a reader sees which one wins. A global load's latency is
+              straight-line SASS x the programs that run it + each loop's SASS x its
+              executions (both from the interpreter's line counts, per chain of inlined call
+              sites: a branch that only some programs take, such as the chunked output
+              kernel's capture programs, counts for those programs only).
+    latency = waves x one program's dependent time: the straight-line code (the path most
+              programs take) and each loop iteration replayed in order for one warp (an
+              instruction issues one cycle after the previous one, or when its operands are
+              ready), times the loop's iterations per program. Other warps on the scheduler
+              hide this only through `issue`: the two are reported apart so that a reader
+              sees which one wins. A global load's latency is
               the L2 hit's, plus the HBM miss's extra for the fraction of the kernel's requested
               bytes that go to HBM (memory, above).
 
@@ -44,11 +47,13 @@ Launch overhead (a few microseconds per kernel) is not modelled.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass
 
-from .sass import Code, Instr, Loop
+from .sass import Code, Instr, Loop, local_source
 
 # H200 (shared/docs/gpu.md).
 SMS = 132
@@ -157,11 +162,13 @@ def instruction_latency(instr: Instr, global_load: float = LATENCY["HBM"]) -> fl
     return LATENCY["alu"]
 
 
-def issue_slots(instrs: list[Instr]) -> float:
-    """Issue slots one warp needs for these instructions (module doc)."""
-    alu = sum(1 for i in instrs if i.base in ALU_PIPE)
-    mufu = sum(1 for i in instrs if i.base == "MUFU")
-    return max(len(instrs), PIPE_SLOTS["alu"] * alu, PIPE_SLOTS["MUFU"] * mufu)
+def issue_slots(instrs: list[Instr], shares: list[float] | None = None) -> float:
+    """Issue slots one warp needs for these instructions (module doc), each counted in full or,
+    with `shares`, by the fraction of programs that run it."""
+    shares = [1.0] * len(instrs) if shares is None else shares
+    alu = sum(s for i, s in zip(instrs, shares) if i.base in ALU_PIPE)
+    mufu = sum(s for i, s in zip(instrs, shares) if i.base == "MUFU")
+    return max(sum(shares), PIPE_SLOTS["alu"] * alu, PIPE_SLOTS["MUFU"] * mufu)
 
 
 REGISTER = re.compile(r"(?<![A-Za-z0-9_])(UR|UP|R|P)(\d+)((?:\.\w+)*)")  # RZ, PT, URZ, UPT: no number
@@ -272,20 +279,57 @@ class KernelModel:
 
 def _line_count(instr: Instr, lines: dict[str, float]) -> float | None:
     """How many times the instruction's source line ran, by its chain of call sites; a helper the
-    interpreter does not trace (its chain is longer than the counted ones) counts as its caller."""
+    interpreter does not trace (its chain is longer than the counted ones) counts as its caller,
+    and a chain that the compiler recorded without its call sites (the pipelined prologue of a
+    tl.range loop in a helper) as the counted chains that start with it (the largest)."""
     chain = instr.where.split("<")
     for start in range(len(chain)):
         count = lines.get("<".join(chain[start:]))
         if count:
             return count
-    return None
+    prefix = instr.where + "<"
+    return max((count for key, count in lines.items() if key.startswith(prefix)), default=None)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature_lines(path: str) -> frozenset[int]:
+    """The lines of a source file's function headers (decorators and signatures): code placed
+    there (argument set-up) runs in every program, but the interpreter reports no line of it."""
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return frozenset()
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.body:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            lines.update(range(first, node.body[0].lineno))
+    return frozenset(lines)
+
+
+def _straight_share(instr: Instr, reached: dict[str, float], programs: int) -> float:
+    """The fraction of programs that run a straight-line instruction: the programs that ran its
+    source line (bench.counts "reached") / programs, 0 where no program ran it (a branch not
+    taken); 1 where there is nothing to go by (no counts, no source line, or a function header,
+    whose lines the interpreter does not report)."""
+    if not reached or not instr.chain:
+        return 1.0
+    count = _line_count(instr, reached)
+    if count is None:
+        path, line = local_source(instr.where.split("<")[-1])
+        return 1.0 if line in _signature_lines(path) else 0.0
+    return min(count / max(programs, 1), 1.0)
 
 
 def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list[str]]:
     """How many times the loop body ran over the whole grid: the median, over its instructions,
     of how many times each one's source line ran (lines outside the loop that the compiler
-    placed in it, and prologue copies, do not move a median)."""
+    placed in it, and prologue copies, do not move a median); 0 for a loop of inlined helpers
+    whose call site never ran (see _straight_share)."""
     counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
+    chains = [i.chain for i in loop.instrs if i.chain]
+    if not counted and lines and chains and all(len(chain) > 1 for chain in chains):
+        return 0.0, []  # an inlined helper's loop whose call site no program reached
     keys = {}
     for i in loop.instrs:
         if i.source:
@@ -310,9 +354,11 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
 
     lines = counts.get("lines", {})
     straight = code.straight
-    slots = issue_slots(straight) * programs
-    instructions = len(straight) * programs
-    latency = replay_cycles(straight, global_load=global_load)
+    shares = [_straight_share(i, counts.get("reached", {}), programs) for i in straight]
+    slots = issue_slots(straight, shares) * programs
+    instructions = sum(shares) * programs
+    # One program's dependent time follows the straight-line path most programs take.
+    latency = replay_cycles([i for i, share in zip(straight, shares) if share >= 0.5], global_load=global_load)
     loops = []
     for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
         executions, top = _executions(loop, lines)

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 from torch import equal as torch_equal
 
-from . import common, peers as peers_mod, report, use_triton_interpreter, workloads as wl
-from .common import Budget, Terminated, TimingOptions, rel_error, time_fn
+from . import use_triton_interpreter
 
-use_triton_interpreter()  # the interpreter without CUDA; before the kernels are imported
+use_triton_interpreter()  # the interpreter without CUDA; before Triton and the kernels are imported
+from . import common, peers as peers_mod, report, workloads as wl  # noqa: E402
+from .common import Budget, Terminated, TimingOptions, rel_error, time_fn  # noqa: E402
 import ssm_kernels  # noqa: E402
 from planner import tail_split_point  # noqa: E402
 from ssm_kernels.scan.chunked import ALGORITHMS, AUTO_CHUNKED_MIN_TOKENS, DEFAULT_CHUNK_SIZE  # noqa: E402

@@ -27,10 +27,11 @@ import time
 
 import torch
 
-from . import common, report, use_triton_interpreter, workloads as wl
-from .common import Budget, Terminated, TimingOptions, time_fn
+from . import use_triton_interpreter
 
-use_triton_interpreter()  # the interpreter without CUDA; before the kernels are imported
+use_triton_interpreter()  # the interpreter without CUDA; before Triton and the kernels are imported
+from . import common, report, workloads as wl  # noqa: E402
+from .common import Budget, Terminated, TimingOptions, time_fn  # noqa: E402
 import ssm_kernels  # noqa: E402
 from planner import POLICIES, CostModel, default_traces, plan_prefill, simulate  # noqa: E402
 

@@ -102,6 +102,17 @@ def test_variants(backend, variant, device):
     check(got, mamba2_scan_ref(*args, **kw), torch.float32, variant)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("headdim, dstate", [(12, 10), (5, 7), (16, 16)])
+def test_inner_captures_of_16bit_passes(dtype, headdim, dstate, device):
+    """Captures inside chunks are built from 16-bit stores (the start state, the partial sum): read
+    as pairs when a state has an even size, element by element when odd, in whole or masked steps."""
+    args, kw = mamba2_positional(mamba2_inputs(2, 40, nheads=3, headdim=headdim, ngroups=1, dstate=dstate,
+                                               dtype=dtype, device=device))
+    kw.update(dt_softplus=True, capture=[(0, 5), (1, 17), (0, 33), (1, 39), (0, 16)])
+    check(chunked(*args, **kw, backend="triton"), mamba2_scan_ref(*args, **kw), dtype, f"{headdim}x{dstate}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_captures_leave_y_and_final_states_bitwise_unchanged(backend, device):
     lengths = [20, 1, 0, 35]

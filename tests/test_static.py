@@ -119,13 +119,12 @@ def test_counts_extrapolate_to_what_the_kernels_must_do(report):
     data, _, _ = report
     (call,) = calls(data, "mamba2_scan chunked + 8 captures")
     kernels = {e["kernel"]: e for e in chosen(call)}
-    # each chunk's contribution x^T (dt, decay) @ B: 2 P N flops per token and head
-    assert kernels["_chunk_state_kernel"]["model"]["dot_flops"] == pytest.approx(2 * P * N * TOKENS * H, rel=1e-9)
-    # the capture kernel works on 8 captures whatever the pass length, the first j = 16 (2k + 1)
-    # tokens of a chunk each, in whole blocks of BLOCK_K tokens (masked tokens still multiply)
-    block = int(kernels["_capture_kernel"]["constexprs"]["BLOCK_K"])
-    tokens = sum(-(-16 * (2 * k + 1) // block) * block for k in range(8))
-    assert kernels["_capture_kernel"]["model"]["dot_flops"] == pytest.approx(2 * P * N * tokens * H, rel=1e-9)
+    # each chunk's contribution x^T (dt, decay) @ B: 2 P N flops per token and head; then the 8
+    # captures' partial contributions whatever the pass length, the first j = 16 (2k + 1) tokens
+    # of a chunk each, in whole blocks of BLOCK_K tokens (masked tokens still multiply)
+    block = int(kernels["_chunk_state_kernel"]["constexprs"]["BLOCK_K"])
+    tokens = TOKENS + sum(-(-16 * (2 * k + 1) // block) * block for k in range(8))
+    assert kernels["_chunk_state_kernel"]["model"]["dot_flops"] == pytest.approx(2 * P * N * tokens * H, rel=1e-9)
     (decode,) = calls(data, "selective_state_update")
     (step,) = chosen(decode)
     state_bytes = BATCH * H * P * N * 4
@@ -230,3 +229,30 @@ def test_an_address_reads_its_own_registers_not_the_width_of_the_data():
     assert _registers(shared) == (["R12", "R13"], ["P1", "R3"])
     store = Instr(0, "", "STG.E.128", ["desc[UR4][R2.64]", "R8"], ())
     assert _registers(store) == ([], ["UR4", "R2", "R3", "R8", "R9", "R10", "R11"])
+
+
+def test_straight_line_code_counts_for_the_programs_that_run_it():
+    """A branch taken by some programs (the chunked output kernel's capture rows) counts for those
+    only: by the programs the interpreter saw reach each line; 0 for code no program reached, 1
+    for a function header's (argument set-up, which the interpreter does not report)."""
+    import inspect
+
+    from bench.sass import Instr, source_key
+    from ssm_kernels import _triton
+
+    path = _triton.__file__
+    lines, header = inspect.getsourcelines(_triton.exp2_flush.fn)  # from the decorator
+    body = header + next(i for i, text in enumerate(lines) if text.lstrip().startswith("if "))
+
+    def share(*chain):
+        instr = Instr(0, "", "FADD", ["R1", "R2", "R3"], tuple((path, line) for line in chain))
+        return model._straight_share(instr, reached, programs=100)
+
+    key = lambda *chain: "<".join(source_key(path, line) for line in chain)  # noqa: E731
+    reached = {key(body): 100, key(body + 1): 25, key(body + 2, body + 3): 50}
+    assert share(body) == 1 and share(body + 1) == 0.25 and share(body + 2, body + 3) == 0.5
+    assert share(body + 2) == 0.5  # a chain recorded without its call site: the counted chains under it
+    assert share(body + 4, body + 5) == 0  # a helper whose call site no program reached
+    assert share(body + 5) == 0  # a body line no program reached
+    assert share(header) == share(header + 1) == 1  # the decorator and the signature
+    assert model._straight_share(Instr(0, "", "FADD", [], ()), reached, 100) == 1  # no source line

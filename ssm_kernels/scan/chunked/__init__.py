@@ -15,7 +15,9 @@ Algorithms of mamba2_scan:
   shorter first chunk, other rounding, and matches to within the accuracy below, not bitwise.
   Accuracy against float64 (RMS-relative): float32 inputs use full-precision (IEEE fp32, no tf32)
   matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in their dtype with fp32
-  accumulation and stay within 1e-2. Intermediate and returned states are float32.
+  accumulation and stay within 1e-2. Returned states are float32; a 16-bit pass's captures
+  inside chunks are combined from 16-bit intermediates (the chunk-start state and the partial
+  sum), so their error is a little above the final state's (triton_kernels.py).
   backend="triton" runs the Triton kernels (triton_kernels.py); backend="torch" runs the same
   algorithm in PyTorch (torch_chunked.py; float32 matmuls whatever the input dtype).
 - "auto": "recurrent" for CPU tensors; for CUDA tensors "chunked" when the longest sequence of
@@ -41,9 +43,9 @@ MAX_CHUNK_SIZE = 1024
 #   chain (661 SASS instructions; a program is one warp of 16 state rows, and the 320 programs of
 #   the layer fit one wave, at most one on each scheduler), about 335 cycles a token, 0.18 us at
 #   1.9 GHz: about 23 us for 128 tokens, 45 us for 256;
-# - chunked: five kernel launches whatever the length up to one chunk (six with captures), each a
-#   short wave; at about 4 us per launch (launch latency plus one wave, assumed) that is about
-#   20 us.
+# - chunked: five kernel launches whatever the length up to one chunk, with or without captures,
+#   each a short wave; at about 4 us per launch (launch latency plus one wave, assumed) that is
+#   about 20 us.
 # They cross near 20 / 0.18 = 113 tokens: the threshold is the next power of two. The GPU suite's
 # crossover section (bench/scan.py) measures it; replace this value with the measured one.
 AUTO_CHUNKED_MIN_TOKENS = 128

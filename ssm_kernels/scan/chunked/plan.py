@@ -11,9 +11,9 @@ multiple of chunk_size bit-identical to one longer pass.
 
 Captures come in two kinds. A state the state-passing walk holds anyway (a chunk's start state,
 or a sequence's final state) is stored straight from it into its capture row. A state inside a
-chunk (offset j, 0 < j < the chunk's length) is computed apart, from a float32 copy of the
-chunk's start state that the walk keeps for it (a slot). Captures asked for twice are computed
-once and copied.
+chunk (offset j, 0 < j < the chunk's length) is computed apart, from the chunk's start state and
+the contribution of its first j tokens (inner captures, listed chunk by chunk). Captures asked
+for twice are computed once and copied.
 """
 from __future__ import annotations
 
@@ -39,9 +39,8 @@ class ChunkPlan:
     end_rows: (nseq,): the capture row that takes sequence s's final state (offset == length,
         which covers empty sequences), -1 for none.
     inner: (ninner, 3): (capture row, chunk, offset j) of each capture inside a chunk
-        (0 < j < the chunk's length): the state after the chunk's first j tokens.
-    slots: (nchunks,): where the float32 start state of a chunk that serves inner captures is
-        kept (0..nslots-1), -1 for other chunks.
+        (0 < j < the chunk's length): the state after the chunk's first j tokens; in chunk order.
+    chunk_inner: (nchunks + 1,): chunk c's inner captures are inner[chunk_inner[c]:chunk_inner[c + 1]].
     copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
         sequence and offset asked for again).
     On the host: chunk_list, inner_list (the same as chunks, inner), seq_chunk_list,
@@ -54,8 +53,7 @@ class ChunkPlan:
     start_rows: torch.Tensor
     end_rows: torch.Tensor
     inner: torch.Tensor
-    slots: torch.Tensor
-    nslots: int
+    chunk_inner: torch.Tensor
     copy_rows: torch.Tensor
     copy_from: torch.Tensor
     chunk_list: list[tuple[int, int, int]]
@@ -101,15 +99,17 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
             start_rows[seq_chunks[s] + c] = row
         else:
             inner_list.append((row, seq_chunks[s] + c, j))
-    slot_of = {}
+    inner_list.sort(key=lambda entry: entry[1])
+    chunk_inner = [0] * (len(chunk_list) + 1)
     for _, c, _ in inner_list:
-        slot_of.setdefault(c, len(slot_of))
-    slots = [slot_of.get(c, -1) for c in range(len(chunk_list))]
+        chunk_inner[c + 1] += 1
+    for c in range(len(chunk_list)):
+        chunk_inner[c + 1] += chunk_inner[c]
 
     def table(values, width=1):
         t = torch.tensor(values, dtype=torch.int64, device=device)
         return t.view(-1, width) if width > 1 else t.view(-1)
 
     return ChunkPlan(chunk_size, table(chunk_list, 3), table(seq_chunks), table(start_rows), table(end_rows),
-                     table(inner_list, 3), table(slots), len(slot_of), table([r for r, _ in copies]),
+                     table(inner_list, 3), table(chunk_inner), table([r for r, _ in copies]),
                      table([f for _, f in copies]), chunk_list, seq_chunks, start_rows, end_rows, inner_list)

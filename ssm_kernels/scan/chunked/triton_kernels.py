@@ -7,35 +7,42 @@ inside a chunk, the state after token i of a chunk that starts from state S0 is
 
 so inside a chunk everything is matmuls (tensor cores), and only the chunk-start states are
 passed from chunk to chunk. The kernels keep cs in base-2 units (cs * log2(e)), so that every
-decay is one exp2. Six kernels, each over a grid fixed by the chunk grid and the model
-dimensions; scratch tensors are contiguous, laid out (chunk, head or group, ...):
+decay is one exp2. Five kernels, each over a grid fixed by the chunk grid and the model
+dimensions; scratch tensors are contiguous, laid out (chunk or capture, head or group, ...):
 
 1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
 2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
    on and below the diagonal only (the causal part), in the matmul dtype.
 3. _chunk_state_kernel   (chunk, head, P x N block):  each chunk's own contribution to its end
-   state, float32.
+   state, float32; then, for each capture inside the chunk (offset j), the contribution of its
+   first j tokens, in the matmul dtype (`partial`).
 4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
    S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
-   output kernel's operand), the final state, the captures at chunk starts and sequence ends
-   (straight from the state it holds), and float32 copies of the start states of the chunks
-   that hold captures inside them (a compact table, see ChunkPlan.slots). It streams a flat P*N
-   block per program, so it is many programs moving memory, not one walk per head.
-5. _chunk_output_kernel  (chunk, head, M x P block):  y = exp(cs) C S0^T + the causal
-   (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
-   mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
+   output kernel's operand), the final state, and the captures at chunk starts and sequence ends
+   (straight from the state it holds). It streams a flat P*N block per program, so it is many
+   programs moving memory, not one walk per head.
+5. _chunk_output_kernel  (chunk + capture rows, head, M x P block): y = exp(cs) C S0^T + the
+   causal (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block
+   with its mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
    exp(cs_i - cs_j) factors through the last token before the row block, r: exp(cs_i - r) per
    row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
    costs a multiply instead of an exp; the diagonal block takes one exp per element.
-6. _capture_kernel       (capture, head, P x N block): the state at offset j inside chunk c,
-   exp(cs_{j-1}) S0 + the first j tokens' contribution, from c's float32 start state. It only
-   reads what kernels 1-4 wrote, so captures cannot change a bit of y or the final states; and
-   kernels 1-5 are the same binaries with or without captures (kernel 4 reads its capture tables
-   either way).
+   The grid rows past the chunks finish the captures inside chunks, one (capture, head) a
+   program: exp(cs_{j-1}) S0 + partial, both as stored in the matmul dtype. These programs share
+   the launch with y's, so that their memory traffic overlaps y's arithmetic (the output kernel
+   is issue-bound; kernels 3 and 4 are memory-bound, and a capture adds to them only its
+   partial, in the matmul dtype).
+
+The capture work runs after (kernel 3) or beside (kernel 5) the y and state computations and
+writes only its own buffers, so captures cannot change a bit of y or of the final states; and
+every kernel is the same binary with or without captures (their tables are passed either way,
+their counts are not specialised on).
 
 Matmuls: bfloat16/float16 inputs multiply in their dtype with float32 accumulation (tensor
 cores: wgmma on Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
 (input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
+Inner captures of 16-bit passes are thus built from two matmul-dtype roundings (S0 and
+partial): a little above the final state's error, within the 1e-2 of every 16-bit result.
 """
 from __future__ import annotations
 
@@ -44,7 +51,8 @@ import triton
 import triton.language as tl
 
 from ..problem import ScanProblem
-from ..._triton import INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded, strides_or_zeros
+from ..._triton import (INTERPRETED, as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
+                        strides_or_zeros)
 from .plan import ChunkPlan
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -153,7 +161,7 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
 
 
 @triton.jit
-def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
+def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, chunk_inner_ptr, inner_ptr, partial_ptr,
                         headdim, dstate, nheads, heads_per_group, n_nblocks,
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -164,17 +172,23 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr,
     i_g = i_h // heads_per_group
     i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
     o_scr = (i_c * nheads + i_h) * CHUNK
-    acc = _chunk_contribution(x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h,
-                              B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g,
-                              dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
+    p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
+    p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g
+    acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
                               o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
     p_st = states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
     tl.store(p_st, acc, mask=m_p[:, None] & m_n[None, :])
+    # The chunk's inner captures: the contribution of their first j tokens, in the matmul dtype.
+    for r in range(tl.load(chunk_inner_ptr + i_c), tl.load(chunk_inner_ptr + i_c + 1)):
+        acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, tl.load(inner_ptr + r * 3 + 2),
+                                  s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+        p_part = partial_ptr + (r * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
+        tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
 
 
 @triton.jit
-def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, start_rows_ptr, end_rows_ptr,
-                          state_in_ptr, start_ptr, slot_states_ptr, state_out_ptr, captured_ptr,
+def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, start_rows_ptr, end_rows_ptr,
+                          state_in_ptr, start_ptr, state_out_ptr, captured_ptr,
                           headdim, dstate, nheads,
                           s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                           s_cap_r, s_cap_h, s_cap_p, s_cap_n,
@@ -196,9 +210,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, star
         b_own = tl.load(states_ptr + o_ch, mask=m, other=0.0)  # the chunk's own contribution (kernel 3)
         b_decay = tl.load(decay_ptr + c * nheads + i_h)
         tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
-        slot = tl.load(slots_ptr + c) + 0 * o  # [BLOCK], one value
-        tl.store(slot_states_ptr + (tl.maximum(slot, 0) * nheads + i_h) * size + o, state, mask=m & (slot >= 0))
-        row = tl.load(start_rows_ptr + c) + 0 * o
+        row = tl.load(start_rows_ptr + c) + 0 * o  # [BLOCK], one value
         tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, state, mask=m & (row >= 0))
         state = b_decay * state + b_own
     tl.store(state_out_ptr + i_s * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n, state, mask=m)
@@ -207,15 +219,59 @@ def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, slots_ptr, star
 
 
 @triton.jit
+def _inner_capture(cs_ptr, start_ptr, inner_ptr, partial_ptr, captured_ptr, i_r, i_h, headdim, dstate, nheads,
+                   s_cap_r, s_cap_h, CHUNK: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                   PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
+    """Head i_h of inner capture i_r, the state after the first j tokens of chunk c:
+    exp(cs_{j-1}) S0 + their contribution (kernel 3), S0 being c's start state (kernel 4), both as
+    stored, in the matmul dtype. Each (headdim, dstate) state is contiguous: steps of BLOCK
+    elements as [1, BLOCK // 4, 4] tiles (EVEN: a whole number of steps, no masks). With PAIRS,
+    start_ptr and partial_ptr address the 16-bit states as 32-bit words of two elements, unpacked
+    in registers: each thread then holds the 4 consecutive elements it stores (16-bit loads would
+    take 8, and a shuffle through shared memory to meet the fp32 store)."""
+    row = tl.load(inner_ptr + i_r * 3)
+    i_c = tl.load(inner_ptr + i_r * 3 + 1)
+    j = tl.load(inner_ptr + i_r * 3 + 2)
+    b_decay = exp2_flush(tl.load(cs_ptr + (i_c * nheads + i_h) * CHUNK + j - 1))
+    size = headdim * dstate
+    WORD: tl.constexpr = 2 if PAIRS else 1  # elements a load reads
+    p_S0 = start_ptr + (i_c * nheads + i_h) * (size // WORD)
+    p_part = partial_ptr + (i_r * nheads + i_h) * (size // WORD)
+    p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h
+    o_r = tl.arange(0, BLOCK // 4)[None, :, None]
+    for o0 in range(0, size, BLOCK):
+        o_w = o0 // WORD + o_r * (4 // WORD) + tl.arange(0, 4 // WORD)[None, None, :]  # the words
+        o = o0 + o_r * 4 + tl.arange(0, 4)[None, None, :]  # their elements
+        if EVEN:
+            b_S0, b_part = tl.load(p_S0 + o_w), tl.load(p_part + o_w)
+        else:
+            b_S0 = tl.load(p_S0 + o_w, mask=o_w < size // WORD, other=0)
+            b_part = tl.load(p_part + o_w, mask=o_w < size // WORD, other=0)
+        b_state = b_decay * as_f32(b_S0, PAIRS, IS_BF16) + as_f32(b_part, PAIRS, IS_BF16)
+        if EVEN:
+            tl.store(p_cap + o, b_state)
+        else:
+            tl.store(p_cap + o, b_state, mask=o < size)
+
+
+@triton.jit(do_not_specialize=["nchunks", "n_inner"])
 def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
                          headdim, dstate, nheads, heads_per_group, n_pblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                         nchunks, n_inner, inner_ptr, start_words_ptr, partial_ptr, captured_ptr, s_cap_r, s_cap_h,
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, CHUNK: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                         DOT_DTYPE: tl.constexpr):
+                         DOT_DTYPE: tl.constexpr, CAPTURE_BLOCK: tl.constexpr, CAPTURE_EVEN: tl.constexpr,
+                         PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
+    if i_c >= nchunks:  # the rows past the chunks: one inner capture a program, along axis 2, then axis 0
+        i_r = (i_c - nchunks) * tl.num_programs(2) + tl.program_id(2)
+        if i_r < n_inner:
+            _inner_capture(cs_ptr, start_words_ptr, inner_ptr, partial_ptr, captured_ptr, i_r, i_h, headdim, dstate,
+                           nheads, s_cap_r, s_cap_h, CHUNK, CAPTURE_BLOCK, CAPTURE_EVEN, PAIRS, IS_BF16)
+        return
     i_m = tl.program_id(2) // n_pblocks
     i_p = tl.program_id(2) % n_pblocks
     i_g = i_h // heads_per_group
@@ -273,34 +329,6 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=m_mp)
 
 
-@triton.jit
-def _capture_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, slots_ptr, slot_states_ptr, inner_ptr, captured_ptr,
-                    headdim, dstate, nheads, heads_per_group, n_nblocks,
-                    s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    i_r = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1).to(tl.int64)
-    o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
-    i_g = i_h // heads_per_group
-    row = tl.load(inner_ptr + i_r * 3)
-    i_c = tl.load(inner_ptr + i_r * 3 + 1)
-    j = tl.load(inner_ptr + i_r * 3 + 2)  # tokens of chunk i_c consumed, 0 < j < its length
-    i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
-    m_pn = m_p[:, None] & m_n[None, :]
-    o_scr = (i_c * nheads + i_h) * CHUNK
-    acc = _chunk_contribution(x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h,
-                              B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g,
-                              dt_ptr + o_scr, cs_ptr + o_scr, j, s_x_t, s_x_p, s_B_t, s_B_n,
-                              o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-    # The start state is read after the token loop: it holds no registers there.
-    slot = tl.load(slots_ptr + i_c)
-    b_S0 = tl.load(slot_states_ptr + (slot * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :],
-                   mask=m_pn, other=0.0)
-    tl.store(captured_ptr + row * s_cap_r + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n,
-             exp2_flush(tl.load(cs_ptr + o_scr + j - 1)) * b_S0 + acc, mask=m_pn)
-
-
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -309,8 +337,9 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
     of sequence lengths or batch composition, which would change rounding between passes).
 
     16-bit inputs: 64-row tiles with 4 warps (one warpgroup: Hopper's wgmma takes M = 64 per
-    warpgroup), 3 pipeline stages (2 for the output kernel, see below). float32 inputs run IEEE FMA dots, whose operands live in
-    registers: smaller K and dstate blocks keep them from spilling. tl.dot needs every block >= 16.
+    warpgroup), 3 pipeline stages (2 for the output kernel, see below). float32 inputs run IEEE
+    FMA dots, whose operands live in registers: smaller K and dstate blocks keep them from
+    spilling. tl.dot needs every block >= 16.
     """
     wide = dtype != torch.float32
     block_n = max(16, triton.next_power_of_2(dstate))
@@ -321,6 +350,7 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
         PASS_BLOCK=1024,  # flat state elements per state-passing program
+        CAPTURE_BLOCK=max(16, min(8192, triton.next_power_of_2(headdim * dstate))),  # steps of an inner capture
         num_warps=4, num_stages=3 if wide else 2,
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
@@ -329,30 +359,33 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
 
 
 def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
-    """Launch the six kernels; writes p.y, p.state_out and p.captured."""
+    """Launch the five kernels; writes p.y, p.state_out and p.captured."""
     assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
     nheads, headdim, dstate, ngroups = p.dims
-    chunk, nchunks, nseq = plan.chunk_size, plan.nchunks, p.seqs.count
+    chunk, nchunks, nseq, ninner = plan.chunk_size, plan.nchunks, p.seqs.count, len(plan.inner_list)
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
     bp, bn, bk, bm, bd = (cfg[k] for k in ("BLOCK_P", "BLOCK_N", "BLOCK_K", "BLOCK_M", "BLOCK_D"))
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     dot = dict(DOT_DTYPE=_DOT_DTYPES[p.x.dtype])
     device, f32 = p.x.device, torch.float32
-    # Scratch (see the module doc): dt', cs, decay; C B^T and the chunk-start states in the matmul
-    # dtype (the output kernel rounds them to it anyway); own states and capture slots in fp32.
+    # Scratch (see the module doc): dt', cs, decay; C B^T, the chunk-start states and the inner
+    # captures' partial contributions in the matmul dtype; the chunks' own states in fp32.
     dt_s = torch.empty(nchunks, nheads, chunk, dtype=f32, device=device)
     cs_s = torch.empty_like(dt_s)
     decay = torch.empty(nchunks, nheads, dtype=f32, device=device)
     cb = torch.empty(nchunks, ngroups, chunk, chunk, dtype=p.x.dtype, device=device)
     states = torch.empty(nchunks, nheads, headdim, dstate, dtype=f32, device=device)
     start = torch.empty(nchunks, nheads, headdim, dstate, dtype=p.x.dtype, device=device)
-    slot_states = torch.empty(plan.nslots, nheads, headdim, dstate, dtype=f32, device=device)
+    partial = torch.empty(ninner, nheads, headdim, dstate, dtype=p.x.dtype, device=device)
     out, captured = p.state_out, p.captured
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
     x_strides, B_strides, C_strides = p.x.stride(), p.B.stride(), p.C.stride()
     heads_per_group = nheads // ngroups
     n_pblocks, n_nblocks = triton.cdiv(headdim, bp), triton.cdiv(dstate, bn)
+    # The inner-capture arguments go to every launch, empty or not: the kernels are the same
+    # binaries with or without captures.
+    inner, chunk_inner = ptr_or(plan.inner, plan.chunk_inner), plan.chunk_inner
     if nchunks:
         _dt_cumsum_kernel[(nchunks, nheads)](
             dt, A, ptr_or(dt_bias, A), plan.chunks, dt_s, cs_s, decay, nheads, p.dt_min, p.dt_max,
@@ -363,27 +396,30 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             p.B, p.C, plan.chunks, cb, dstate, ngroups, *B_strides, *C_strides,
             CHUNK=chunk, BLOCK_M=bm, BLOCK_D=bd, **dot, **launch)
         _chunk_state_kernel[(nchunks, nheads, n_pblocks * n_nblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, states, headdim, dstate, nheads, heads_per_group, n_nblocks,
-            *x_strides, *B_strides, CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
+            p.x, p.B, dt_s, cs_s, plan.chunks, states, chunk_inner, inner, ptr_or(partial, start),
+            headdim, dstate, nheads, heads_per_group, n_nblocks, *x_strides, *B_strides,
+            CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if nseq:
         _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
-            ptr_or(states, out), ptr_or(decay, out), plan.seq_chunks, ptr_or(plan.slots, plan.seq_chunks),
-            ptr_or(plan.start_rows, plan.seq_chunks), plan.end_rows, ptr_or(p.state_in, out), ptr_or(start, out),
-            ptr_or(slot_states, out), out, ptr_or(captured, out), headdim, dstate, nheads,
-            *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
+            ptr_or(states, out), ptr_or(decay, out), plan.seq_chunks, ptr_or(plan.start_rows, plan.seq_chunks),
+            plan.end_rows, ptr_or(p.state_in, out), ptr_or(start, out), out, ptr_or(captured, out),
+            headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
             HAS_INITIAL_STATE=p.state_in is not None, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
     if nchunks:
-        _chunk_output_kernel[(nchunks, nheads, chunk // bm * n_pblocks)](
+        # The inner captures take the grid rows past the chunks, one capture a program; their
+        # states are contiguous (headdim, dstate) blocks, as mamba2_scan allocates them.
+        assert captured.stride()[2:] == (dstate, 1)
+        row_programs = chunk // bm * n_pblocks
+        pairs = p.x.dtype != f32 and headdim * dstate % 2 == 0  # 16-bit states read as 32-bit words
+        words = (lambda t: t.view(-1).view(torch.int32)) if pairs else (lambda t: t)
+        _chunk_output_kernel[(nchunks + triton.cdiv(ninner, row_programs), nheads, row_programs)](
             p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, cb, start,
             headdim, dstate, nheads, heads_per_group, n_pblocks,
             *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-            HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk,
-            BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd, **dot, **cfg["output"])
-    if plan.inner_list:
-        _capture_kernel[(len(plan.inner_list), nheads, n_pblocks * n_nblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, plan.slots, slot_states, plan.inner, captured,
-            headdim, dstate, nheads, heads_per_group, n_nblocks,
-            *x_strides, *B_strides, *captured.stride(),
-            CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
+            nchunks, ninner, inner, words(start), words(ptr_or(partial, start)), ptr_or(captured, out),
+            *captured.stride()[:2],
+            HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd,
+            CAPTURE_BLOCK=cfg["CAPTURE_BLOCK"], CAPTURE_EVEN=headdim * dstate % cfg["CAPTURE_BLOCK"] == 0,
+            PAIRS=pairs, IS_BF16=p.x.dtype == torch.bfloat16, **dot, **cfg["output"])
     if plan.copy_rows.numel():
         captured[plan.copy_rows] = captured[plan.copy_from]
