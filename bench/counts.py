@@ -91,10 +91,12 @@ class _Counter:
             return
         self.add(f"bytes_{kind}", amount)
         first = int(np.min(active))
-        name = next((n for (lo, hi), n in self.storages.items() if lo <= first < hi), OUTSIDE)
+        start, name = next(((lo, n) for (lo, hi), n in self.storages.items() if lo <= first < hi), (0, OUTSIDE))
         self.per_storage[name][kind] += amount * self.weight
         if self.program is not None:
-            self.touched[self.program, name].append(np.unique(active // CACHE_LINE))
+            # Lines from the storage's start: a CUDA allocation is aligned to at least 256 bytes,
+            # a CPU one here may be to 64 only, which would make lines (and sharing) vary by run.
+            self.touched[self.program, name].append(np.unique((active - start) // CACHE_LINE))
 
     def reuse_stride(self, name: str) -> int | None:
         """How far apart, in launch order (x fastest, then y, then z), programs that read common

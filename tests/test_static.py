@@ -256,3 +256,21 @@ def test_straight_line_code_counts_for_the_programs_that_run_it():
     assert share(body + 5) == 0  # a body line no program reached
     assert share(header) == share(header + 1) == 1  # the decorator and the signature
     assert model._straight_share(Instr(0, "", "FADD", [], ()), reached, 100) == 1  # no source line
+
+
+def test_programs_share_a_line_only_from_the_storage_s_start():
+    """Cache lines are counted from each storage's start, as on a GPU (allocations aligned to 256
+    bytes), not from absolute CPU addresses, whose 64-byte alignment would vary from run to run."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from bench.counts import _Counter
+
+    base = 1024 + 64  # a storage 64 bytes past a 128-byte line
+    counter = _Counter({(base, base + 4096): "x"}, (1, 2, 1))
+    for y in (0, 1):  # program y reads the storage's bytes [128 y, 128 y + 128): a line each
+        counter.run_program(0, y, 0)
+        addresses = np.arange(base + 128 * y, base + 128 * y + 128, 4)
+        counter.add_access("loaded", SimpleNamespace(data=addresses), SimpleNamespace(data=np.ones(32, bool)), 4)
+    assert counter.reuse_stride("x") is None
