@@ -143,6 +143,7 @@ class Timing:
     ms: float
     samples: int
     method: str
+    gpu_ms: float | None = None  # the call's kernels alone (kernel_ms); CUDA only
 
 
 @dataclass
@@ -172,7 +173,8 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
         warmup = min(opts.warmup_ms, rep)
         ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
         samples = max(1, int(rep / estimate))
-        return Timing(float(ms), samples, f"do_bench median (warmup {warmup:g} ms, rep {rep:.0f} ms)"), result
+        return Timing(float(ms), samples, f"do_bench median (warmup {warmup:g} ms, rep {rep:.0f} ms)",
+                      kernel_ms(fn)), result
     if single_cpu_run:
         t0 = time.perf_counter()
         result = fn()
@@ -184,6 +186,26 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return Timing(statistics.median(times), len(times), f"wall-clock median of {len(times)} runs"), result
+
+
+KERNEL_TIME_RUNS = 10
+
+
+def kernel_ms(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> float:
+    """GPU time of one call of `fn`, host gaps excluded: the summed durations of the kernels and
+    copies it ran, from torch.profiler, averaged over `runs` calls (warm: after time_fn's first
+    call). do_bench's figure also counts the GPU waiting for the host between launches, which
+    for passes of a few hundred microseconds can be most of it; this one is the kernels'."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return total_us / runs / 1e3
 
 
 def copy_bandwidth(device: torch.device, opts: TimingOptions, nbytes: int | None = None) -> dict:
@@ -299,12 +321,15 @@ def pyplot():
     return plt
 
 
-def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_table) -> int:
-    """The `main` of a benchmark module: parse the common flags, run `make_bench(args, device)`,
+def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_table, add_args=None) -> int:
+    """The `main` of a benchmark module: parse the common flags (and the module's own, added by
+    `add_args(parser)`), run `make_bench(args, device)`,
     and whatever happens (a SIGTERM from the suite's timeout included) save what was measured,
     write the report and print the short table. Exit status 1 when stopped early."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     add_common_args(parser)
+    if add_args is not None:
+        add_args(parser)
     args = parser.parse_args(argv)
     install_sigterm_handler()
     device = bench_device()

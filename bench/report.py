@@ -213,25 +213,33 @@ def _pivot(rows, col, value, scale=1):
                       [[m, i] + [v.get(c, "") for c in columns] for (m, i), v in cells.items()])
 
 
-def scan_short_table(results: dict) -> str:
-    """Scan ms per (model, batch, seqlen), one column per implementation; then the headline
-    figures of the other sections."""
+def _scan_table(rows: list, value: str) -> str:
+    """`value` per (model, batch, seqlen), one column per implementation."""
     cells, columns = {}, []
-    for r in results["scan"]:
-        key = (r["model"], r["batch"], r["seqlen"])
+    for r in rows:
         col = _series(r)
         if col not in columns:
             columns.append(col)
-        cells.setdefault(key, {})[col] = fmt(r["ms"]) if r.get("ms") is not None else r.get("status", "-")
-    rows = [[m, b, n] + [cells[(m, b, n)].get(c, "") for c in columns] for (m, b, n) in cells]
+        cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = (
+            fmt(r[value]) if r.get(value) is not None else r.get("status", "-"))
+    table = [[m, b, n] + [cells[(m, b, n)].get(c, "") for c in columns] for (m, b, n) in cells]
+    return text_table(["model", "batch", "seqlen"] + columns, table)
+
+
+def scan_short_table(results: dict) -> str:
+    """Scan ms per (model, batch, seqlen), one column per implementation; then the headline
+    figures of the other sections."""
     lines = [f"== bench.scan: {_stamp(results)}"]
     bw = results.get("copy_bandwidth")
     if bw:
         lines.append(f"copy bandwidth {fmt(bw['GBps'])} GB/s")
-    lines += ["scan pass ms:", text_table(["model", "batch", "seqlen"] + columns, rows)]
+    lines += ["scan pass ms (a call, host included: do_bench):", _scan_table(results["scan"], "ms")]
+    if any(r.get("gpu_ms") is not None for r in results["scan"]):
+        lines += ["scan pass ms (its kernels alone: torch.profiler):", _scan_table(results["scan"], "gpu_ms")]
     for title, section, col, value in (
             ("two passes / one pass with an in-pass capture, by seqlen", "inpass_vs_split", "seqlen", "ratio"),
             ("k captures / none, by k", "captures", "captures", "vs_no_capture"),
+            ("k captures / none, kernels alone, by k", "captures", "captures", "gpu_vs_no_capture"),
             ("decode step us, by batch", "decode", "batch", "ms")):
         table = _pivot(_ok(results.get(section, [])), col, value, 1e3 if value == "ms" else 1)
         if table:

@@ -1,4 +1,5 @@
-"""Scan benchmarks: ``python -m bench.scan [--reduced] [--quick] [--out DIR] [--time-budget S]``.
+"""Scan benchmarks: ``python -m bench.scan [--reduced] [--quick] [--out DIR] [--time-budget S]
+[--seqlens N ...] [--sections A,B]``.
 
 Sections (run in the order that keeps the most wanted figures first when a time budget cuts the
 run short: the longer passes at batch 1, captures and the grid split, then the rest):
@@ -117,6 +118,9 @@ class ScanBench:
     def __init__(self, args, device):
         self.device = device
         self.cfg = Config.make(args.reduced or device.type != "cuda", args.quick, device.type == "cuda")
+        if args.seqlens:
+            self.cfg.seqlens = tuple(sorted(set(args.seqlens)))
+        self.sections = set(args.sections.split(",")) if args.sections else None
         self.budget = Budget(args.time_budget)
         self.out = common.output_dir(args, device)
         self.env = common.environment(device, reduced=self.cfg.reduced, quick=self.cfg.quick)
@@ -158,6 +162,8 @@ class ScanBench:
             row.update(status=error.split(":")[0], note=error)
             return row
         roofline_ms = nbytes / (self.bw["GBps"] * 1e6)
+        if timing.gpu_ms is not None:
+            row.update(gpu_ms=timing.gpu_ms, gpu_roofline_fraction=roofline_ms / timing.gpu_ms)
         row.update(status="ok", ms=timing.ms, samples=timing.samples, timing=timing.method, bytes=nbytes,
                    tokens=tokens, tokens_per_s=tokens / (timing.ms / 1e3), GBps=nbytes / (timing.ms * 1e6),
                    roofline_ms=roofline_ms, roofline_fraction=roofline_ms / timing.ms)
@@ -288,7 +294,7 @@ class ScanBench:
                 seqlen = self.cfg.interp_seqlen if interp else self.cfg.capture_seqlen
                 inp = self.inputs(shape, seqlen)
                 for alg in self.algs[shape.kind]:
-                    base_ms = None
+                    base = None
                     for count in (0, *self.cfg.capture_counts):
                         row = dict(section="captures", model=shape.name, kind=shape.kind, backend=label,
                                    algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", captures=count)
@@ -301,10 +307,12 @@ class ScanBench:
                         timing, _, error = self.timed(fn, interp)
                         self.fill(row, timing, error, wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=count), seqlen)
                         if timing is not None and count == 0:
-                            base_ms = timing.ms
-                        elif timing is not None and base_ms:
-                            row["vs_no_capture"] = timing.ms / base_ms
-                            row["us_per_capture"] = (timing.ms - base_ms) * 1e3 / count
+                            base = timing
+                        elif timing is not None and base:
+                            row["vs_no_capture"] = timing.ms / base.ms
+                            row["us_per_capture"] = (timing.ms - base.ms) * 1e3 / count
+                            if timing.gpu_ms is not None:
+                                row["gpu_vs_no_capture"] = timing.gpu_ms / base.gpu_ms
                         self.results["captures"].append(row)
                 del inp
         self.save()
@@ -430,17 +438,19 @@ class ScanBench:
         # The headline first (the longer passes at batch 1 with the peers, the capture overhead,
         # the grid split), so that a budget cut costs the secondary figures; the longest last.
         shortest, *longer = self.cfg.seqlens
-        *middle, longest = longer
-        sections = [("copy_bandwidth", self.copy_bandwidth),
-                    (f"scan {middle}, batch 1", lambda: self.scan_lengths(middle, (False,))),
-                    ("captures", self.captures), ("grid_split", self.grid_split),
-                    (f"scan {longest}, batch 1", lambda: self.scan_lengths([longest], (False,))),
-                    (f"scan {shortest}", lambda: self.scan_lengths([shortest])),
-                    (f"scan {longer}, varlen", lambda: self.scan_lengths(longer, (True,))),
-                    ("crossover", self.crossover), ("inpass_vs_split", self.inpass_vs_split),
-                    ("decode", self.decode)]
+        middle, longest = longer[:-1], longer[-1:]
+        sections = [("copy_bandwidth", "copy_bandwidth", self.copy_bandwidth),
+                    ("scan", f"scan {middle}, batch 1", lambda: self.scan_lengths(middle, (False,))),
+                    ("captures", "captures", self.captures), ("grid_split", "grid_split", self.grid_split),
+                    ("scan", f"scan {longest}, batch 1", lambda: self.scan_lengths(longest, (False,))),
+                    ("scan", f"scan {shortest}", lambda: self.scan_lengths([shortest])),
+                    ("scan", f"scan {longer}, varlen", lambda: self.scan_lengths(longer, (True,))),
+                    ("crossover", "crossover", self.crossover),
+                    ("inpass_vs_split", "inpass_vs_split", self.inpass_vs_split), ("decode", "decode", self.decode)]
         seconds = self.results["section_seconds"] = {}
-        for name, section in sections:
+        for key, name, section in sections:
+            if self.sections is not None and key not in self.sections | {"copy_bandwidth"}:
+                continue
             began = time.monotonic()
             try:
                 section()
@@ -449,9 +459,20 @@ class ScanBench:
                 self.save()
 
 
+SECTIONS = ("scan", "captures", "grid_split", "crossover", "inpass_vs_split", "decode")
+
+
+def add_args(parser) -> None:
+    parser.add_argument("--seqlens", type=int, nargs="+", default=None, metavar="N",
+                        help="pass lengths (default: the standard ones, or the reduced ones)")
+    parser.add_argument("--sections", default=None, metavar="A,B",
+                        help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)}")
+
+
 def main(argv=None) -> int:
     return common.run_benchmark(argv, prog="python -m bench.scan", doc=__doc__, make_bench=ScanBench,
-                                write_report=report.write_scan_report, short_table=report.scan_short_table)
+                                write_report=report.write_scan_report, short_table=report.scan_short_table,
+                                add_args=add_args)
 
 
 if __name__ == "__main__":

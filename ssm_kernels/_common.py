@@ -30,6 +30,30 @@ def new_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def int_tables(device: torch.device, *tables: list) -> list[torch.Tensor]:
+    """Host lists of ints (or of tuples of ints, flattened) as 1-D int64 tensors on `device`, in
+    one transfer. To a GPU the copy goes from pinned memory without blocking: a pageable copy
+    would wait for the GPU to finish its queue, so every call would serialise the host with it.
+    Each table starts 16-byte aligned, as a tensor of its own would (a kernel is specialised on
+    its pointers' alignment)."""
+    flat, spans = [], []
+    for values in tables:
+        flat.extend([0] * (len(flat) % 2))
+        start = len(flat)
+        for v in values:
+            if isinstance(v, tuple):
+                flat.extend(v)
+            else:
+                flat.append(v)
+        spans.append((start, len(flat)))
+    host = torch.tensor(flat, dtype=torch.int64)
+    if device.type == "cuda":
+        host = host.pin_memory().to(device, non_blocking=True)
+    elif host.device != device:
+        host = host.to(device)
+    return [host[lo:hi] for lo, hi in spans]
+
+
 class ScanResult(NamedTuple):
     """What a scan returns.
 
@@ -276,11 +300,8 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
     for s in range(seqs.count):
         counts[s + 1] += counts[s]
 
-    def to_device(values):
-        return torch.tensor(values, dtype=torch.int64, device=device)
-
-    return CaptureTable(to_device(counts), to_device([k for _, k, _ in entries]),
-                        to_device([r for _, _, r in entries]), entries)
+    ptr, offset, row = int_tables(device, counts, [k for _, k, _ in entries], [r for _, _, r in entries])
+    return CaptureTable(ptr, offset, row, entries)
 
 
 def check_state_indices(state_indices, batch: int, nslots: int, state_name: str, device: torch.device,

@@ -72,16 +72,16 @@ def softplus(v):
     zero and so does the result (the true value is below 2^-126)."""
     e = exp2_flush(-tl.abs(v) * 1.4426950408889634)
     p = -0.003214113414287567
-    p = p * e + 0.019649622961878777
-    p = p * e - 0.05643612518906593
-    p = p * e + 0.10533368587493896
-    p = p * e - 0.15251556038856506
-    p = p * e + 0.19651539623737335
-    p = p * e - 0.24947820603847504
-    p = p * e + 0.3332909941673279
-    p = p * e - 0.4999985098838806
-    p = p * e + 1.0
-    return tl.maximum(v, 0.0) + e * p
+    p = tl.fma(p, e, 0.019649622961878777)
+    p = tl.fma(p, e, -0.05643612518906593)
+    p = tl.fma(p, e, 0.10533368587493896)
+    p = tl.fma(p, e, -0.15251556038856506)
+    p = tl.fma(p, e, 0.19651539623737335)
+    p = tl.fma(p, e, -0.24947820603847504)
+    p = tl.fma(p, e, 0.3332909941673279)
+    p = tl.fma(p, e, -0.4999985098838806)
+    p = tl.fma(p, e, 1.0)
+    return tl.fma(e, p, tl.maximum(v, 0.0))
 
 
 @triton.jit
@@ -136,6 +136,14 @@ def row_slots(i_s, length, slot_in_ptr, slot_out_ptr, has_initial_ptr, skip_slot
 
 
 # Kernels defined while TRITON_INTERPRET=1 was set run through the interpreter, on CPU tensors.
+# Launch option of the kernels whose bits are promised equal across launches of different
+# specialisations (a 1-token pass and a longer one, with and without captures or varlen, the
+# decode step): with floating-point contraction the compiler (LLVM, then ptxas) fuses a multiply
+# and an add wherever a variant's code lets it, so the same source rounds differently in
+# different binaries. Without it each operation rounds as written (as under the interpreter),
+# and the kernels write their fused multiply-adds explicitly (tl.fma).
+EXACT_ROUNDING = dict(enable_fp_fusion=False)
+
 RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
 INTERPRETED = tl.constexpr(RUNS_ON_CPU)  # read by jitted helpers when they compile
 

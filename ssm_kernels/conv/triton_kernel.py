@@ -1,7 +1,8 @@
 """Depthwise causal conv in Triton, with the conv state captured at any offsets of the pass.
 
 Each output element is one fixed-order dot over the width taps, accumulated in float32:
-`acc = bias; for k in range(width): acc = acc + weight[:, k] * input[t - (width - 1) + k]`.
+`acc = bias; for k in range(width): acc = fma(weight[:, k], input[t - (width - 1) + k], acc)`,
+compiled without floating-point contraction (EXACT_ROUNDING) so that no variant rounds differently.
 Every element runs the same instructions wherever its tile, its pass or its batch neighbours
 are, so splitting a sequence into passes or packing it with others cannot change a bit. Inputs
 before the pass come from the initial state (zeros without one). The program that owns a
@@ -13,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import cast_for_store, ptr_or, row_slots, sequence_span, strides_or_zeros
+from .._triton import EXACT_ROUNDING, cast_for_store, ptr_or, row_slots, sequence_span, strides_or_zeros
 from .problem import ConvProblem
 
 # Tile sizes: fixed constants (the result of an element does not depend on them anyway: the tile
@@ -123,7 +124,7 @@ def _conv_kernel(
             out = b_bias
             for k in tl.static_range(WIDTH):
                 b_w = tl.load(w_ptr + o_d1[:, None] * s_w_d + k * s_w_k, mask=o_d1[:, None] < dim, other=0.0).to(tl.float32)
-                out = out + b_w * window[VEC - (WIDTH - 1) + j + k]
+                out = tl.fma(b_w, window[VEC - (WIDTH - 1) + j + k], out)
             outs = outs + (out,)
         acc = _stack(outs, VEC)
     else:
@@ -135,7 +136,7 @@ def _conv_kernel(
             b_w = tl.load(w_ptr + o_d * s_w_d + k * s_w_k, mask=m_d, other=0.0).to(tl.float32)
             b_x = _load_inputs(p_x, s_x_t, p_init, s_init_k, o_t - (WIDTH - 1 - k), m_d & m_t, starts, WIDTH,
                                HAS_INITIAL_STATE)
-            acc = acc + b_w * b_x.to(tl.float32)
+            acc = tl.fma(b_w, b_x.to(tl.float32), acc)
     if SILU:
         acc = acc * tl.sigmoid(acc)
     p_out = out_ptr + i_b * s_out_b + o_d * s_out_d + (bos + o_t) * s_out_t
@@ -211,5 +212,5 @@ def run_triton(p: ConvProblem) -> None:
         HAS_STATE_INDEX=p.state_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
         HAS_SKIP=p.skip_slot is not None,
         BLOCK_T=block_t, BLOCK_D=block_d, BLOCK_W=block_w, VEC=vec,
-        num_warps=num_warps,
+        num_warps=num_warps, **EXACT_ROUNDING,
     )

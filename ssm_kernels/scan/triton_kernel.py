@@ -29,12 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import as_f32, cast_for_store, discretize_dt, ptr_or, row_slots, sequence_span, strides_or_zeros
+from .._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, ptr_or, row_slots, sequence_span,
+                       strides_or_zeros)
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
 # that changed with sequence length or batch would change the instruction stream and break the
 # bitwise split invariance the prefix cache relies on. See launch_config for the choice itself.
+# The specialisations that do vary with a pass (a 1-token pass, captures, varlen, prefetch depth)
+# change no arithmetic: the kernels compile without floating-point contraction (EXACT_ROUNDING).
 
 
 @triton.jit
@@ -450,7 +453,7 @@ def dt_table(p: ScanProblem) -> torch.Tensor:
         dt, p.A, ptr_or(bias, dt), table, seqlen, nheads, p.dt_min, p.dt_max,
         *dt.stride(), p.A.stride(0), 0 if bias is None else bias.stride(0),
         HAS_DT_BIAS=bias is not None, DT_SOFTPLUS=p.dt_softplus,
-        BLOCK_T=DT_TABLE_BLOCK_T, BLOCK_H=triton.next_power_of_2(nheads), num_warps=4)
+        BLOCK_T=DT_TABLE_BLOCK_T, BLOCK_H=triton.next_power_of_2(nheads), num_warps=4, **EXACT_ROUNDING)
     return table
 
 
@@ -517,5 +520,5 @@ def run_triton(p: ScanProblem) -> None:
         ROW_PAIRS=r % 2 == 0 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
         IS_BF16_X=p.x.dtype == torch.bfloat16,
         DEEP=deep_prefetch(p, pairs),
-        num_warps=num_warps,
+        num_warps=num_warps, **EXACT_ROUNDING,
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._common import CaptureTable, Sequences
+from ..._common import CaptureTable, Sequences, int_tables
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,8 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
     for c in range(len(chunk_list)):
         chunk_inner[c + 1] += chunk_inner[c]
 
-    def table(values, width=1):
-        t = torch.tensor(values, dtype=torch.int64, device=device)
-        return t.view(-1, width) if width > 1 else t.view(-1)
-
-    return ChunkPlan(chunk_size, table(chunk_list, 3), table(seq_chunks), table(start_rows), table(end_rows),
-                     table(inner_list, 3), table(chunk_inner), table([r for r, _ in copies]),
-                     table([f for _, f in copies]), chunk_list, seq_chunks, start_rows, end_rows, inner_list)
+    chunks, seq_chunk_t, start_t, end_t, inner, chunk_inner_t, copy_rows, copy_from = int_tables(
+        device, chunk_list, seq_chunks, start_rows, end_rows, inner_list, chunk_inner,
+        [r for r, _ in copies], [f for _, f in copies])
+    return ChunkPlan(chunk_size, chunks.view(-1, 3), seq_chunk_t, start_t, end_t, inner.view(-1, 3), chunk_inner_t,
+                     copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)

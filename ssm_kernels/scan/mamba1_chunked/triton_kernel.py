@@ -22,14 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton import as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, sequence_span, strides_or_zeros
+from ..._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, sequence_span,
+                        strides_or_zeros)
 from ..problem import ScanProblem
 
 
 @triton.jit
 def _compose(a1, b1, a2, b2):
     """(a1, b1) then (a2, b2): h -> a2 (a1 h + b1) + b2."""
-    return a1 * a2, a2 * b1 + b2
+    return a1 * a2, tl.fma(a2, b1, b2)
 
 
 @triton.jit
@@ -208,7 +209,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
         _stage_bc_kernel[(nseq, nchunks, ngroups)](
             p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
             nchunks, *p.B.stride(), *p.C.stride(), IS_VARLEN=p.seqs.varlen, HAS_POSITIONS=phases is not None,
-            BLOCK_N=nr * nl, CHUNK=chunk, num_warps=4)
+            BLOCK_N=nr * nl, CHUNK=chunk, num_warps=4, **EXACT_ROUNDING)
     _mamba1_chunk_kernel[(nseq, ngroups, rows)](
         ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(stage, out), ptr_or(p.D, out),
         ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out, ptr_or(p.y, out),
@@ -222,5 +223,5 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
         DT_SOFTPLUS=p.dt_softplus, HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen,
         HAS_POSITIONS=phases is not None, HAS_CAPTURE=cap.count > 0,
         NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32, IS_BF16=stage_dtype == torch.bfloat16,
-        num_warps=num_warps,
+        num_warps=num_warps, **EXACT_ROUNDING,
     )
