@@ -20,8 +20,9 @@
 # PYTEST_TIMEOUT (default 60). The benchmarks get what is left but KERNEL_TESTS_S (default 40),
 # with a soft budget (measurements not started in time are recorded as skipped) and a hard timeout
 # (SIGTERM: they write what they measured, marked incomplete). Timing: do_bench medians, warmup
-# 10 ms, rep 50 ms (5 x one call for slower calls, at most 1 s); transformers' Mamba-1 loop runs up
-# to 8192 tokens only.
+# 10 ms, rep 50 ms (5 x one call for slower calls, at most 1 s), and each pass's kernels alone
+# (torch.profiler); transformers' Mamba-1 loop runs up to 8192 tokens only, its Mamba-2 path up
+# to 2048.
 #
 # Dry run (CI, any machine): bench/gpu_suite.sh --dry-run (or REDUCED=1): no pytest, reduced
 # benchmarks (on CPU: small shapes, PyTorch path and Triton interpreter, labelled CPU).

@@ -281,5 +281,6 @@ DECODE_OPS = {MAMBA_SSM: "selective_state_update", HF: "mamba2_selective_state_u
 # Shapes a slow peer skips on the GPU (stated in the results): transformers' Mamba-1 path is a
 # Python loop over tokens (about a second per call at 32768 tokens, and 4 x 10.7 GB of float32
 # discretised A and B u) and its Mamba-2 path materialises (chunks, 256, 256, heads) float32
-# score tensors several times over.
-MAX_SEQLEN = {(HF, "mamba1"): 8192, (HF, "mamba2"): 8192}
+# score tensors several times over (on an H200 at 8192 tokens: about 300 ms a call at 128 heads,
+# and 80 GiB asked for, out of memory, at Mamba-2 2.7B's 80 heads x 64).
+MAX_SEQLEN = {(HF, "mamba1"): 8192, (HF, "mamba2"): 2048}

@@ -42,19 +42,29 @@ def readme_block(folder: Path, scan: dict, serve: dict | None) -> str:
     except ValueError:
         where = folder.as_posix()
     commit = (env.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if env.get("dirty") else "")
-    cells, columns = {}, []
-    for r in _ok(scan["scan"]):
-        col = _series(r)
-        if col not in columns:
-            columns.append(col)
-        cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = (
-            f"{fmt(r['ms'])} ({100 * r['roofline_fraction']:.2g}%)")
+    def table(value, fraction):
+        cells, columns = {}, []
+        for r in _ok(scan["scan"]):
+            if r.get(value) is None:
+                continue
+            col = _series(r)
+            if col not in columns:
+                columns.append(col)
+            cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = (
+                f"{fmt(r[value])} ({100 * r[fraction]:.2g}%)")
+        return markdown_table(["model", "batch", "tokens"] + columns,
+                              [[m, b, n] + [v.get(c, "") for c in columns] for (m, b, n), v in cells.items()])
+
     lines = [f"Latest GPU run: {env['date'][:10]}, {env['device_name']}, torch {env['torch']}, "
              f"triton {env['triton']}, commit `{commit}` ([scan tables]({where}/scan.md)"
-             + (f", [serving tables]({where}/serve.md)" if serve else "") + ").", "",
-             "Scan pass time in ms (fraction of the copy-bandwidth roofline), bfloat16:", "",
-             markdown_table(["model", "batch", "tokens"] + columns,
-                            [[m, b, n] + [v.get(c, "") for c in columns] for (m, b, n), v in cells.items()]),
+             + (f", [serving tables]({where}/serve.md)" if serve else "") + ")."
+             + (" Incomplete: it ran out of time, so only the rows shown were measured." if scan.get("incomplete") else ""),
+             ""]
+    if any(r.get("gpu_ms") is not None for r in _ok(scan["scan"])):
+        lines += ["Scan pass time in ms, the pass's kernels alone (torch.profiler; fraction of the copy-bandwidth "
+                  "roofline), bfloat16:", "", table("gpu_ms", "gpu_roofline_fraction"), ""]
+    lines += ["Scan pass time in ms, a call back to back (do_bench; the host's launch work included; fraction of "
+              "the copy-bandwidth roofline), bfloat16:", "", table("ms", "roofline_fraction"),
              "", f"![scan throughput]({where}/scan_throughput.png)"]
     if serve and (folder / "serve_policies.png").exists():
         lines += ["", f"![policies]({where}/serve_policies.png)"]

@@ -255,3 +255,15 @@ def test_model_size_on_gpu(dtype):
     bare = mamba2_scan(*args, **dict(kw, capture=None), algorithm="chunked")
     assert torch.equal(bare.y, got.y) and torch.equal(bare.final_states, got.final_states)
     assert mamba2_scan(*args, **kw, algorithm="auto").y.shape == got.y.shape
+
+
+def test_int_tables_upload_each_table_whole_and_16_byte_aligned():
+    from ssm_kernels._common import int_tables
+
+    tables = [[(0, 5, 7), (1, 2, 3)], [], [4], [9, -1, 8], [(6, 6)]]
+    got = int_tables(torch.device("cpu"), *tables)
+    flat = [[v for item in t for v in (item if isinstance(item, tuple) else (item,))] for t in tables]
+    assert [t.tolist() for t in got] == flat
+    assert all(t.dtype == torch.int64 and t.ndim == 1 for t in got)
+    assert len({t.untyped_storage().data_ptr() for t in got}) == 1  # one buffer, one transfer
+    assert all(t.storage_offset() % 2 == 0 for t in got)  # 16-byte aligned, as tensors of their own

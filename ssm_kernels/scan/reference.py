@@ -80,7 +80,7 @@ def mamba2_scan_ref(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus
         return state
 
     finals, captured = _scan(_spans(batch, seqlen, cu_seqlens), _pairs(capture), initial_states,
-                             lambda: torch.zeros(nheads, headdim, dstate, dtype=torch.float64), step)
+                             lambda: x.new_zeros(nheads, headdim, dstate), step)
     return ScanResult(y, finals, captured)
 
 
@@ -92,7 +92,7 @@ def mamba1_scan_ref(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta
     dstate = A.shape[1]
     if B.ndim == 3:
         B, C = B.unsqueeze(1), C.unsqueeze(1)
-    group = torch.arange(dim) // (dim // B.shape[1])
+    group = torch.arange(dim, device=u.device) // (dim // B.shape[1])
     y = torch.zeros_like(u)
 
     def step(state, b, t):
@@ -110,7 +110,7 @@ def mamba1_scan_ref(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta
         return state
 
     finals, captured = _scan(_spans(batch, seqlen, cu_seqlens), _pairs(capture), initial_states,
-                             lambda: torch.zeros(dim, dstate, dtype=torch.float64), step)
+                             lambda: u.new_zeros(dim, dstate), step)
     return ScanResult(y, finals, captured)
 
 
@@ -127,4 +127,4 @@ def selective_state_update_ref(state, x, dt, A, B, C, *, D=None, z=None, dt_bias
                                  initial_states=state[slot:slot + 1])
         state[slot] = result.final_states[0].to(state.dtype)
         ys.append(result.y[0, 0])
-    return torch.stack(ys) if ys else torch.zeros(x.shape, dtype=torch.float64)
+    return torch.stack(ys) if ys else torch.zeros(x.shape, dtype=torch.float64, device=x.device)
