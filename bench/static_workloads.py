@@ -84,14 +84,14 @@ def _state_update(shape, batch, new):
                            dt_softplus=True, backend="triton")
 
 
-def _mamba1(algorithm):
+def _mamba1(algorithm, captures=False):
     def run(shape, tokens, new):
         from ssm_kernels import mamba1_scan
         Dm, N = shape.dim, shape.dstate
         mamba1_scan(new(1, Dm, tokens), new(1, Dm, tokens), new(Dm, N, dtype=torch.float32), new(1, N, tokens),
                     new(1, N, tokens), D=new(Dm, dtype=torch.float32), z=new(1, Dm, tokens),
                     delta_bias=new(Dm, dtype=torch.float32), delta_softplus=True, backend="triton",
-                    algorithm=algorithm)
+                    capture=capture_offsets(tokens) if captures else None, algorithm=algorithm)
     return run
 
 
@@ -123,6 +123,8 @@ WORKLOADS = {w.name: w for w in (
              "one decode token per row, state pool of batch slots"),
     Workload("mamba1_scan recurrent", "prefill", "mamba1", _mamba1("recurrent"), "selective_scan_fn",
              "mamba1_scan(algorithm='recurrent') with z, D, delta_bias, softplus"),
+    Workload("mamba1_scan recurrent + 8 captures", "prefill", "mamba1", _mamba1("recurrent", True),
+             "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8),
     Workload("mamba1_scan chunked", "prefill", "mamba1", _mamba1("chunked"), "selective_scan_fn",
              "mamba1_scan(algorithm='chunked', chunk_size=64) with z, D, delta_bias, softplus"),
     Workload("causal_conv1d", "prefill", "any", _conv, None, "width 4, bias, silu, on the layer's conv dim"),

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, ptr_or, row_slots, sequence_span,
-                       strides_or_zeros)
+from .._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, row_slots,
+                       sequence_span, strides_or_zeros)
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -126,9 +126,9 @@ def _update(state, b_x, b_dt, b_dA, b_B, b_C, b_A, b_dt_bias, dt_min, dt_max,
             ROW_PAIRS: tl.constexpr, IS_BF16_X: tl.constexpr):
     """One token: the state after it and its lanes' partial sums of y [R, 1, PL, L, 1] (a sum
     over each thread's columns, in registers: each run of V, then the J runs)."""
-    if A_PER_STATE:  # Mamba-1: dt' per row, a decay per state entry
+    if A_PER_STATE:  # Mamba-1: dt' per row, a decay per state entry (b_A is log2(e) A)
         b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
-        b_dA = tl.exp(b_dt * b_A)  # [R, J, PL, L, V]
+        b_dA = exp2_flush(b_dt * b_A)  # [R, J, PL, L, V]
     elif not DT_TABLE:  # Mamba-2 decode: dt' and the decay of the head, as _dt_table_kernel
         b_dt = discretize_dt(b_dt.to(tl.float32), b_dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
         b_dA = tl.exp(b_dt * b_A)
@@ -359,8 +359,9 @@ def _scan_kernel(
         p_C += o_n * s_C_n + zero_pl
         m_bc = m_n
 
-    if A_PER_STATE:
+    if A_PER_STATE:  # as log2(e) A: a decay per state entry is then one MUFU (exp2_flush)
         b_A = tl.load(A_ptr + i_h * s_A_h + o_p * s_A_p + o_n * s_A_n, mask=m_pn, other=0.0).to(tl.float32)
+        b_A = b_A * 1.4426950408889634
     else:
         b_A = tl.load(A_ptr + i_h * s_A_h).to(tl.float32)
     b_D = tl.zeros([R, 1, PL, 1, 1], dtype=tl.float32)
