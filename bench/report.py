@@ -213,17 +213,25 @@ def _pivot(rows, col, value, scale=1):
                       [[m, i] + [v.get(c, "") for c in columns] for (m, i), v in cells.items()])
 
 
-def _scan_table(rows: list, value: str) -> str:
-    """`value` per (model, batch, seqlen), one column per implementation."""
+def scan_grid(rows: list, cell) -> tuple[list[str], list[list]]:
+    """(header, rows) of a table: one row per (model, batch, seqlen), one column per
+    implementation, each cell `cell(row)` (rows for which it returns None are left out)."""
     cells, columns = {}, []
     for r in rows:
+        text = cell(r)
+        if text is None:
+            continue
         col = _series(r)
         if col not in columns:
             columns.append(col)
-        cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = (
-            fmt(r[value]) if r.get(value) is not None else r.get("status", "-"))
-    table = [[m, b, n] + [cells[(m, b, n)].get(c, "") for c in columns] for (m, b, n) in cells]
-    return text_table(["model", "batch", "seqlen"] + columns, table)
+        cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = text
+    return (["model", "batch", "seqlen"] + columns,
+            [[m, b, n] + [v.get(c, "") for c in columns] for (m, b, n), v in cells.items()])
+
+
+def _scan_table(rows: list, value: str) -> str:
+    """`value` per (model, batch, seqlen), one column per implementation (else the row's status)."""
+    return text_table(*scan_grid(rows, lambda r: fmt(r[value]) if r.get(value) is not None else r.get("status", "-")))
 
 
 def scan_short_table(results: dict) -> str:

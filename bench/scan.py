@@ -23,6 +23,7 @@ scan_decode.png. Without CUDA everything runs reduced and is labelled CPU.
 """
 from __future__ import annotations
 
+import argparse
 import inspect
 import sys
 import time
@@ -120,7 +121,7 @@ class ScanBench:
         self.cfg = Config.make(args.reduced or device.type != "cuda", args.quick, device.type == "cuda")
         if args.seqlens:
             self.cfg.seqlens = tuple(sorted(set(args.seqlens)))
-        self.sections = set(args.sections.split(",")) if args.sections else None
+        self.sections = set(args.sections) if args.sections else None
         self.budget = Budget(args.time_budget)
         self.out = common.output_dir(args, device)
         self.env = common.environment(device, reduced=self.cfg.reduced, quick=self.cfg.quick)
@@ -462,10 +463,25 @@ class ScanBench:
 SECTIONS = ("scan", "captures", "grid_split", "crossover", "inpass_vs_split", "decode")
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a pass length must be >= 1, got {n}")
+    return n
+
+
+def _sections(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown section(s) {', '.join(unknown)}; the sections: {', '.join(SECTIONS)}")
+    return names
+
+
 def add_args(parser) -> None:
-    parser.add_argument("--seqlens", type=int, nargs="+", default=None, metavar="N",
+    parser.add_argument("--seqlens", type=_positive, nargs="+", default=None, metavar="N",
                         help="pass lengths (default: the standard ones, or the reduced ones)")
-    parser.add_argument("--sections", default=None, metavar="A,B",
+    parser.add_argument("--sections", type=_sections, default=None, metavar="A,B",
                         help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)}")
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .common import REPO_ROOT, fmt, markdown_table, text_table
-from .report import _ok, _series, scan_short_table, serve_short_table
+from .report import _ok, scan_grid, scan_short_table, serve_short_table
 
 
 def _load(path: Path):
@@ -43,17 +43,9 @@ def readme_block(folder: Path, scan: dict, serve: dict | None) -> str:
         where = folder.as_posix()
     commit = (env.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if env.get("dirty") else "")
     def table(value, fraction):
-        cells, columns = {}, []
-        for r in _ok(scan["scan"]):
-            if r.get(value) is None:
-                continue
-            col = _series(r)
-            if col not in columns:
-                columns.append(col)
-            cells.setdefault((r["model"], r["batch"], r["seqlen"]), {})[col] = (
-                f"{fmt(r[value])} ({100 * r[fraction]:.2g}%)")
-        return markdown_table(["model", "batch", "tokens"] + columns,
-                              [[m, b, n] + [v.get(c, "") for c in columns] for (m, b, n), v in cells.items()])
+        header, rows = scan_grid(_ok(scan["scan"]), lambda r: None if r.get(value) is None else
+                                 f"{fmt(r[value])} ({100 * r[fraction]:.2g}%)")
+        return markdown_table(["model", "batch", "tokens"] + header[3:], rows)
 
     lines = [f"Latest GPU run: {env['date'][:10]}, {env['device_name']}, torch {env['torch']}, "
              f"triton {env['triton']}, commit `{commit}` ([scan tables]({where}/scan.md)"

@@ -176,3 +176,13 @@ def test_accuracy_table_meets_the_tolerances(dry_run):
     for dtype, algorithm, backend, *errors in rows:
         limit = 1e-4 if dtype == "float32" else 1e-2
         assert all(float(e) <= limit for e in errors), (dtype, algorithm, backend, errors)
+
+
+@pytest.mark.parametrize("argv, message", [(["--sections", "scan,bogus"], "unknown section(s) bogus"),
+                                           (["--seqlens", "0"], "a pass length must be >= 1")])
+def test_scan_rejects_bad_flags(argv, message, capsys):
+    from bench import scan
+
+    with pytest.raises(SystemExit) as exc:
+        scan.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
