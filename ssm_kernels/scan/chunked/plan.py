@@ -40,7 +40,6 @@ class ChunkPlan:
         which covers empty sequences), -1 for none.
     inner: (ninner, 3): (capture row, chunk, offset j) of each capture inside a chunk
         (0 < j < the chunk's length): the state after the chunk's first j tokens; in chunk order.
-    chunk_inner: (nchunks + 1,): chunk c's inner captures are inner[chunk_inner[c]:chunk_inner[c + 1]].
     copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
         sequence and offset asked for again).
     On the host: chunk_list, inner_list (the same as chunks, inner), seq_chunk_list,
@@ -53,7 +52,6 @@ class ChunkPlan:
     start_rows: torch.Tensor
     end_rows: torch.Tensor
     inner: torch.Tensor
-    chunk_inner: torch.Tensor
     copy_rows: torch.Tensor
     copy_from: torch.Tensor
     chunk_list: list[tuple[int, int, int]]
@@ -100,14 +98,9 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
         else:
             inner_list.append((row, seq_chunks[s] + c, j))
     inner_list.sort(key=lambda entry: entry[1])
-    chunk_inner = [0] * (len(chunk_list) + 1)
-    for _, c, _ in inner_list:
-        chunk_inner[c + 1] += 1
-    for c in range(len(chunk_list)):
-        chunk_inner[c + 1] += chunk_inner[c]
 
-    chunks, seq_chunk_t, start_t, end_t, inner, chunk_inner_t, copy_rows, copy_from = int_tables(
-        device, chunk_list, seq_chunks, start_rows, end_rows, inner_list, chunk_inner,
+    chunks, seq_chunk_t, start_t, end_t, inner, copy_rows, copy_from = int_tables(
+        device, chunk_list, seq_chunks, start_rows, end_rows, inner_list,
         [r for r, _ in copies], [f for _, f in copies])
-    return ChunkPlan(chunk_size, chunks.view(-1, 3), seq_chunk_t, start_t, end_t, inner.view(-1, 3), chunk_inner_t,
+    return ChunkPlan(chunk_size, chunks.view(-1, 3), seq_chunk_t, start_t, end_t, inner.view(-1, 3),
                      copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)

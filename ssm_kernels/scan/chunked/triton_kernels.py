@@ -13,9 +13,10 @@ dimensions; scratch tensors are contiguous, laid out (chunk or capture, head or 
 1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
 2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
    on and below the diagonal only (the causal part), in the matmul dtype.
-3. _chunk_state_kernel   (chunk, head, P x N block):  each chunk's own contribution to its end
-   state, float32; then, for each capture inside the chunk (offset j), the contribution of its
-   first j tokens, in the matmul dtype (`partial`).
+3. _chunk_state_kernel   (chunk + capture rows, head, P x N block): each chunk's own
+   contribution to its end state, float32; the grid rows past the chunks, one per capture
+   inside a chunk (offset j), the contribution of its chunk's first j tokens, in the matmul
+   dtype (`partial`), beside the chunks' programs rather than after them.
 4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
    S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
    output kernel's operand), the final state, and the captures at chunk starts and sequence ends
@@ -160,30 +161,34 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
         tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
 
 
-@triton.jit
-def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, chunk_inner_ptr, inner_ptr, partial_ptr,
+@triton.jit(do_not_specialize=["nchunks"])
+def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
                         headdim, dstate, nheads, heads_per_group, n_nblocks,
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    i_c = tl.program_id(0).to(tl.int64)
+    i_row = tl.program_id(0).to(tl.int64)  # a chunk, or past the chunks an inner capture
     i_h = tl.program_id(1).to(tl.int64)
     o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
-    i_g = i_h // heads_per_group
-    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
+    if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
+        i_c = i_row
+        n_tok = tl.load(chunks_ptr + i_c * 3 + 2)
+    else:  # the contribution of the inner capture's first j tokens of its chunk
+        i_c = tl.load(inner_ptr + (i_row - nchunks) * 3 + 1)
+        n_tok = tl.load(inner_ptr + (i_row - nchunks) * 3 + 2)
+    i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
     o_scr = (i_c * nheads + i_h) * CHUNK
     p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
-    p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g
+    p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g
     acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
                               o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-    p_st = states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
-    tl.store(p_st, acc, mask=m_p[:, None] & m_n[None, :])
-    # The chunk's inner captures: the contribution of their first j tokens, in the matmul dtype.
-    for r in range(tl.load(chunk_inner_ptr + i_c), tl.load(chunk_inner_ptr + i_c + 1)):
-        acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, tl.load(inner_ptr + r * 3 + 2),
-                                  s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-        p_part = partial_ptr + (r * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
-        tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
+    o_st = (i_row * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
+    m_st = m_p[:, None] & m_n[None, :]
+    if i_row < nchunks:
+        tl.store(states_ptr + o_st, acc, mask=m_st)  # float32
+    else:
+        p_part = partial_ptr + o_st - nchunks * nheads * headdim * dstate
+        tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_st)  # the matmul dtype
 
 
 @triton.jit
@@ -385,7 +390,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     n_pblocks, n_nblocks = triton.cdiv(headdim, bp), triton.cdiv(dstate, bn)
     # The inner-capture arguments go to every launch, empty or not: the kernels are the same
     # binaries with or without captures.
-    inner, chunk_inner = ptr_or(plan.inner, plan.chunk_inner), plan.chunk_inner
+    inner = ptr_or(plan.inner, plan.chunks)
     if nchunks:
         _dt_cumsum_kernel[(nchunks, nheads)](
             dt, A, ptr_or(dt_bias, A), plan.chunks, dt_s, cs_s, decay, nheads, p.dt_min, p.dt_max,
@@ -395,8 +400,8 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
         _chunk_cb_kernel[(nchunks * ngroups, nm, nm)](
             p.B, p.C, plan.chunks, cb, dstate, ngroups, *B_strides, *C_strides,
             CHUNK=chunk, BLOCK_M=bm, BLOCK_D=bd, **dot, **launch)
-        _chunk_state_kernel[(nchunks, nheads, n_pblocks * n_nblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, states, chunk_inner, inner, ptr_or(partial, start),
+        _chunk_state_kernel[(nchunks + ninner, nheads, n_pblocks * n_nblocks)](
+            p.x, p.B, dt_s, cs_s, plan.chunks, states, nchunks, inner, ptr_or(partial, start),
             headdim, dstate, nheads, heads_per_group, n_nblocks, *x_strides, *B_strides,
             CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if nseq:
