@@ -64,6 +64,25 @@ def exp2_flush(v):
 
 
 @triton.jit
+def halves(x):
+    """x [A, B, C, K] (K even) as its even and its odd k's, each [A, B, C, K / 2]."""
+    return tl.split(tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], x.shape[3] // 2, 2]))
+
+
+@triton.jit
+def fma_chain(acc, s, c):
+    """acc + the sum over k of s[..., k] c[..., k] (s, c [A, B, C, K], K a power of 2) as one
+    chain of K fused multiply-adds: the even k's, then the odd k's, each half in this order."""
+    if s.shape[3] == 1:
+        acc = tl.fma(tl.sum(s, axis=3), tl.sum(c, axis=3), acc)
+    else:
+        s_even, s_odd = halves(s)
+        c_even, c_odd = halves(c)
+        acc = fma_chain(fma_chain(acc, s_even, c_even), s_odd, c_odd)
+    return acc
+
+
+@triton.jit
 def softplus(v):
     """log(1 + exp(v)) in fp32, as max(v, 0) + log1p(e) with e = exp(-|v|) in (0, 1] and log1p on
     [0, 1] a degree-10 polynomial e * P(e) (Chebyshev fit, relative error below 2e-7 in fp32):

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, row_slots,
-                       sequence_span, strides_or_zeros)
+from .._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, halves, ptr_or,
+                       row_slots, sequence_span, strides_or_zeros)
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -149,31 +149,12 @@ def _row_dot(state, b_C):
     c = tl.reshape(c, s.shape)
     acc = tl.full([s.shape[0], s.shape[1], s.shape[2]], -0.0, tl.float32)  # fma(a, b, -0) = a b
     if k == 1:
-        acc = _fma_chain(acc, s, c)
+        acc = fma_chain(acc, s, c)
     else:
-        s_even, s_odd = _halves(s)
-        c_even, c_odd = _halves(c)
-        acc = _fma_chain(acc, s_even, c_even) + _fma_chain(acc, s_odd, c_odd)
+        s_even, s_odd = halves(s)
+        c_even, c_odd = halves(c)
+        acc = fma_chain(acc, s_even, c_even) + fma_chain(acc, s_odd, c_odd)
     return tl.expand_dims(tl.expand_dims(acc, 1), 4)
-
-
-@triton.jit
-def _halves(x):
-    """x [A, B, C, K] (K even) as its even and its odd k's, each [A, B, C, K / 2]."""
-    return tl.split(tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], x.shape[3] // 2, 2]))
-
-
-@triton.jit
-def _fma_chain(acc, s, c):
-    """acc + the sum over k of s[..., k] c[..., k] (s, c [A, B, C, K], K a power of 2) as one
-    chain of K fused multiply-adds: the even k's, then the odd k's, each half in this order."""
-    if s.shape[3] == 1:
-        acc = tl.fma(tl.sum(s, axis=3), tl.sum(c, axis=3), acc)
-    else:
-        s_even, s_odd = _halves(s)
-        c_even, c_odd = _halves(c)
-        acc = _fma_chain(_fma_chain(acc, s_even, c_even), s_odd, c_odd)
-    return acc
 
 
 @triton.jit

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, sequence_span,
-                        strides_or_zeros)
+from ..._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, ptr_or,
+                        sequence_span, strides_or_zeros)
 from ..problem import ScanProblem
 
 
@@ -39,6 +39,18 @@ def _last_token(h, CHUNK: tl.constexpr):
     exact)."""
     o_t = tl.arange(0, CHUNK)[None, None, :]
     return tl.sum(tl.where(o_t == CHUNK - 1, h, 0.0), axis=2)
+
+
+@triton.jit
+def _y_of_states(h, b_C):
+    """sum over the state entries of h * C, [NR, NL, CHUNK] -> [CHUNK]: each thread's NR entries
+    as a chain of fused multiply-adds (the kernel compiles without contraction), then over the NL
+    lanes."""
+    NR: tl.constexpr = h.shape[0]
+    hs = tl.reshape(tl.permute(h, (1, 2, 0)), [1, h.shape[1], h.shape[2], NR])
+    cs = tl.reshape(tl.permute(b_C, (1, 2, 0)), [1, h.shape[1], h.shape[2], NR])
+    acc = fma_chain(tl.full([1, h.shape[1], h.shape[2]], -0.0, tl.float32), hs, cs)  # fma(a, b, -0) = a b
+    return tl.sum(tl.reshape(acc, [h.shape[1], h.shape[2]]), axis=0)
 
 
 @triton.jit
@@ -160,7 +172,7 @@ def _mamba1_chunk_kernel(
         b_b = tl.where(o_t == 0, b_a * h0[:, :, None] + b_b, b_b)
         _, h = tl.associative_scan((b_a, b_b), axis=2, combine_fn=_compose)  # the state after each token
         b_C = as_f32(tl.load(p_bc + k * (ngroups * 2 * NR * NL * W) + NR * NL * W), PAIRS, IS_BF16)
-        b_y = tl.sum(tl.sum(h * b_C, axis=0), axis=0)  # [CHUNK]
+        b_y = _y_of_states(h, b_C)  # [CHUNK]
         if HAS_D:
             b_y += b_D * b_x
         if HAS_Z:
