@@ -182,13 +182,13 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
     p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g
     acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
                               o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-    o_st = (i_row * nheads + i_h) * headdim * dstate + o_p[:, None] * dstate + o_n[None, :]
-    m_st = m_p[:, None] & m_n[None, :]
-    if i_row < nchunks:
-        tl.store(states_ptr + o_st, acc, mask=m_st)  # float32
-    else:
-        p_part = partial_ptr + o_st - nchunks * nheads * headdim * dstate
-        tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_st)  # the matmul dtype
+    o_pn = o_p[:, None] * dstate + o_n[None, :]
+    m_pn = m_p[:, None] & m_n[None, :]
+    if i_row < nchunks:  # float32
+        tl.store(states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_pn, acc, mask=m_pn)
+    else:  # the matmul dtype
+        p_part = partial_ptr + ((i_row - nchunks) * nheads + i_h) * headdim * dstate + o_pn
+        tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_pn)
 
 
 @triton.jit
