@@ -11,6 +11,8 @@ Layer shapes are bench.workloads.STANDARD_SHAPES; conv dims are each layer's con
 Captures: 8 per pass, at offsets c_k * 256 + j_k with j_k = 16 (2k + 1) for k = 0..7 (block
 multiples of 16, 128 tokens into a chunk on average, as random block-aligned positions would be)
 and c_k spread over the pass's 256-token chunks; so every size places them alike inside chunks.
+The chunked scan's "grid captures" take the same chunks at their starts (j_k = 0), where a
+planner on the chunk grid puts a chunked pass's snapshots.
 """
 from __future__ import annotations
 
@@ -41,10 +43,11 @@ class Workload:
     chunked: bool = False  # its kernels work on 256-token chunks (as the prefill peer's always do)
 
 
-def capture_offsets(tokens: int, count: int = 8) -> list[tuple[int, int]]:
-    """(sequence 0, offset) pairs of the module doc's capture placement."""
+def capture_offsets(tokens: int, count: int = 8, on_grid: bool = False) -> list[tuple[int, int]]:
+    """(sequence 0, offset) pairs of the module doc's capture placement (on_grid: chunk starts)."""
     nchunks = tokens // CHUNK
-    return [(0, min(tokens, (k * nchunks // count) * CHUNK + 16 * (2 * k + 1))) for k in range(count)]
+    return [(0, min(tokens, (k * nchunks // count) * CHUNK + (0 if on_grid else 16 * (2 * k + 1))))
+            for k in range(count)]
 
 
 def conv_dim(shape) -> int:
@@ -67,12 +70,12 @@ def _decode(shape, batch, new):
                 D=new(H, dtype=torch.float32), dt_bias=new(H, dtype=torch.float32))
 
 
-def _scan(algorithm, captures):
+def _scan(algorithm, captures, on_grid=False):
     def run(shape, tokens, new):
         from ssm_kernels import mamba2_scan
         i = _mamba2(shape, tokens, new)
         mamba2_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
-                    capture=capture_offsets(tokens) if captures else None, backend="triton",
+                    capture=capture_offsets(tokens, on_grid=on_grid) if captures else None, backend="triton",
                     algorithm=algorithm, chunk_size=CHUNK)
     return run
 
@@ -119,6 +122,9 @@ WORKLOADS = {w.name: w for w in (
     Workload("mamba2_scan chunked + 8 captures", "prefill", "mamba2", _scan("chunked", True),
              "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8,
              chunked=True),
+    Workload("mamba2_scan chunked + 8 grid captures", "prefill", "mamba2", _scan("chunked", True, on_grid=True),
+             "mamba_chunk_scan_combined", "the same with the 8 captures at chunk starts, as planned on the grid",
+             captures=8, chunked=True),
     Workload("selective_state_update", "decode", "mamba2", _state_update, "selective_state_update",
              "one decode token per row, state pool of batch slots"),
     Workload("mamba1_scan recurrent", "prefill", "mamba1", _mamba1("recurrent"), "selective_scan_fn",
