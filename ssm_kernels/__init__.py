@@ -6,6 +6,7 @@ mamba_ssm-compatible entry points), `ssm_kernels.scan.chunked` (the chunked algo
 `ssm_kernels.scan.reference` and `ssm_kernels.conv.reference` (the float64 references),
 `ssm_kernels.engine` (entry points for serving engines: states in place in a cache by slot).
 This package imports nothing of `planner` or `ssm_serving`, which sit above it.
+Forward only: the Triton kernels record no autograd graph (gradients are not part of the interface).
 """
 from ._common import ScanResult
 from .conv import ConvResult, causal_conv1d, causal_conv1d_update

@@ -18,6 +18,7 @@ from . import _triton
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 BACKENDS = ("auto", "triton", "torch")
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 # Tests set this so that new outputs start as NaN and an element a kernel never writes fails.
 POISON_OUTPUTS = False
@@ -137,7 +138,9 @@ def check_dt_limit(dt_limit) -> tuple[float, float]:
     if pair is None or len(pair) != 2 or not all(
             isinstance(v, numbers.Real) and not isinstance(v, bool) and not math.isnan(v) for v in pair):
         raise TypeError(f"dt_limit must be a pair of real numbers (min, max), got {dt_limit!r}")
-    lo, hi = float(pair[0]), float(pair[1])
+    # dt' is float32: a bound beyond float32's range clamps as an infinite one does (the kernels
+    # take the bounds as float32 numbers, where such a bound is infinite).
+    lo, hi = (math.copysign(math.inf, v) if abs(v) > FLOAT32_MAX else v for v in map(float, pair))
     if not lo <= hi:
         raise ValueError(f"dt_limit must satisfy min <= max, got {dt_limit!r}")
     return lo, hi

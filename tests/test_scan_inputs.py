@@ -36,6 +36,7 @@ CASES = [
      "dstate 300 is beyond the kernel's limit of 256"),
     (dict(D=torch.randn(5)), ValueError, r"D must have shape"),
     (dict(D=torch.randn(4, 7)), ValueError, r"D must have shape .*headdim is 7, expected 8"),
+    (dict(D=torch.randn(1, 4, 8)), ValueError, r"D must have shape \(nheads,\) or \(nheads, headdim\) = \(4,\) or \(4, 8\)"),
     (dict(z=torch.randn(2, 5, 4, 7)), ValueError, "z must have shape"),
     (dict(dt_bias=torch.randn(4, 1)), ValueError, "dt_bias must have 1 dimensions"),
     (dict(dt_limit=(1.0, 0.5)), ValueError, "dt_limit must satisfy min <= max"),
@@ -72,6 +73,15 @@ CASES = [
 def test_mamba2_scan_rejects(changes, error, message):
     with pytest.raises(error, match=message):
         call_m2(**changes)
+
+
+def test_dt_limit_beyond_float32_clamps_as_infinity():
+    # dt' is float32, so a bound past its range is an infinite one (not an overflow error)
+    named = m2(backend="torch")
+    args = [named.pop(k) for k in ("x", "dt", "A", "B", "C")]
+    wide = mamba2_scan(*args, **named, dt_limit=(-1e300, 1e40))
+    infinite = mamba2_scan(*args, **named, dt_limit=(-float("inf"), float("inf")))
+    assert torch.equal(wide.y, infinite.y) and torch.equal(wide.final_states, infinite.final_states)
 
 
 def varlen_call(cu, seqlen=10):

@@ -31,6 +31,9 @@ def check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
     check_tensor("C", C, sizes + [("ngroups", ngroups), ("dstate", dstate)], FLOAT_DTYPES)
     check_scan_sizes("nheads", nheads, ngroups, dstate, headdim=headdim)
     if D is not None:
+        if isinstance(D, torch.Tensor) and D.ndim not in (1, 2):
+            raise ValueError(f"D must have shape (nheads,) or (nheads, headdim) = ({nheads},) or ({nheads}, "
+                             f"{headdim}), got shape {tuple(D.shape)}")
         dims = [("nheads", nheads)] if getattr(D, "ndim", 0) == 1 else [("nheads", nheads), ("headdim", headdim)]
         check_tensor("D", D, dims, FLOAT_DTYPES)
     if z is not None:
