@@ -191,6 +191,22 @@ def test_softplus_extremes(device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reset", [-3000.0, -1e5])
+def test_a_reset_token_keeps_the_rest_of_its_chunk_accurate(backend, reset, device):
+    """One token of a chunk decays by exp(reset) (a large dt: the state is forgotten), the others by
+    about exp(-0.1): the in-chunk cumulative log decay must not carry the reset's magnitude into
+    the later tokens' decays, whose float32 differences would lose their precision."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 2 * CHUNK, **SMALL, device=device))
+    x, _, A, B, C = args
+    A = torch.full_like(A, -10.0)
+    dt = torch.full((1, 2 * CHUNK, A.numel()), 0.01, device=device)
+    dt[:, 3] = dt[:, CHUNK + 5] = reset / -10.0
+    kw = dict(capture=[(0, CHUNK // 2), (0, CHUNK + 9)])
+    want = mamba2_scan_ref(x, dt, A, B, C, **kw)
+    check(chunked(x, dt, A, B, C, **kw, backend=backend), want, torch.float32, f"{backend} reset {reset}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_default_and_auto_on_cpu_are_the_recurrent_path(backend, device):
     if device.type != "cpu":
         pytest.skip("auto picks by device: this is the CPU rule")

@@ -15,12 +15,17 @@ length alone, so the same chunk from the same start state gives the same bits in
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from ..problem import ScanProblem
 from ..torch_kernel import discretize_dt
 from .plan import ChunkPlan
+from .triton_kernels import ZERO_DECAY_LOG2
+
+ZERO_DECAY_LOG = ZERO_DECAY_LOG2.value * math.log(2)  # in natural-log units
 
 
 def _state_after(S0, cs, dt, x, B, j):
@@ -53,7 +58,8 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
             x = p.x[b, tok].to(torch.float32, copy=True)  # (L, H, P)
             B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N), gathered: new tensors
             dt = discretize_dt(p.dt[b, tok, :, 0].to(torch.float32, copy=True), dt_bias, p)  # (L, H)
-            cs = torch.cumsum(dt * A, dim=0)  # (L, H)
+            a = dt * A  # (L, H), each token's log decay, floored as the Triton kernels floor it
+            cs = torch.cumsum(torch.maximum(a, -ZERO_DECAY_LOG - a.clamp(min=0).sum(0)), dim=0)
             causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()[:, :, None]
             decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)
             scores = torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None]

@@ -57,6 +57,11 @@ from ..._triton import (INTERPRETED, as_f32, cast_for_store, discretize_dt, exp2
 from .plan import ChunkPlan
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
+# below zero is zero, however it is computed. A token's log2 decay floored at -ZERO_DECAY_LOG2 minus
+# the chunk's positive log decays keeps every decay across it at zero, as it was: the floor
+# changes no result, only cs's magnitude.
+ZERO_DECAY_LOG2 = tl.constexpr(160.0)
 
 
 @triton.jit
@@ -126,7 +131,11 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
         b_bias = tl.load(dt_bias_ptr + i_h * s_bias_h).to(tl.float32)
     b_dt = discretize_dt(b_dt, b_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
     b_dt = tl.where(m_t, b_dt, 0.0)  # tokens past the chunk neither decay nor contribute
-    b_cs = tl.cumsum(b_dt * (tl.load(A_ptr + i_h * s_A_h).to(tl.float32) * LOG2E), axis=0)  # base 2
+    b_a = b_dt * (tl.load(A_ptr + i_h * s_A_h).to(tl.float32) * LOG2E)  # log2 of each token's decay
+    # A token's log decay is raised to the least value that still zeroes every decay across it
+    # (see ZERO_DECAY_LOG2): a reset's -1e5 would otherwise leave cs so large that the differences
+    # of later tokens' cs lose float32's precision.
+    b_cs = tl.cumsum(tl.maximum(b_a, -ZERO_DECAY_LOG2 - tl.sum(tl.maximum(b_a, 0.0), axis=0)), axis=0)
     o_scr = (i_c * nheads + i_h) * CHUNK + o_t
     tl.store(dt_out_ptr + o_scr, b_dt)
     tl.store(cs_out_ptr + o_scr, b_cs)
