@@ -191,6 +191,20 @@ def test_softplus_extremes(device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_states_and_cb_past_its_range(backend, device):
+    """float16 inputs whose chunk-start states (1e5) and C B^T (16 x 70 x 70 = 78400) pass
+    float16's 65504 while y stays small: the chunked path keeps them in range."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 2 * CHUNK + 3, **SMALL, dtype=torch.float16, device=device))
+    x, dt, A, B, C = args
+    big_state = dict(initial_states=torch.full((1, 4, 16, 16), 1e5, device=device))
+    big_cb = torch.full_like(B, 70.0)
+    for x_, B_, C_, kw in ((x, B, C * 1e-3, big_state), (x * 1e-4, big_cb, big_cb, {})):
+        want = mamba2_scan_ref(x_, dt, A * 0.01, B_, C_, **kw)
+        assert want.y.abs().max() < 1e4
+        check(chunked(x_, dt, A * 0.01, B_, C_, **kw, backend=backend), want, torch.float16, f"{backend} float16")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("reset", [-3000.0, -1e5])
 def test_a_reset_token_keeps_the_rest_of_its_chunk_accurate(backend, reset, device):
     """One token of a chunk decays by exp(reset) (a large dt: the state is forgotten), the others by

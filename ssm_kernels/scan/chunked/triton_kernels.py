@@ -39,8 +39,9 @@ writes only its own buffers, so captures cannot change a bit of y or of the fina
 every kernel is the same binary with or without captures (their tables are passed either way,
 their counts are not specialised on).
 
-Matmuls: bfloat16/float16 inputs multiply in their dtype with float32 accumulation (tensor
-cores: wgmma on Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
+Matmuls: bfloat16 and float16 inputs multiply in bfloat16 (MATMUL_DTYPES: float16's range is too
+small for the chunk-start states and C B^T) with float32 accumulation (tensor cores: wgmma on
+Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
 (input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
 Inner captures of 16-bit passes are thus built from two matmul-dtype roundings (S0 and
 partial): a little above the final state's error, within the 1e-2 of every 16-bit result.
@@ -343,7 +344,10 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=m_mp)
 
 
-_DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+_DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+# The matmul dtype of each input dtype. float16 multiplies in bfloat16: C B^T and the chunk-start
+# states, stored and multiplied in it, may pass float16's 65504 where y does not.
+MATMUL_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.bfloat16, torch.float16: torch.bfloat16}
 
 
 def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype) -> dict:
@@ -380,17 +384,18 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
     bp, bn, bk, bm, bd = (cfg[k] for k in ("BLOCK_P", "BLOCK_N", "BLOCK_K", "BLOCK_M", "BLOCK_D"))
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    dot = dict(DOT_DTYPE=_DOT_DTYPES[p.x.dtype])
+    mm_dtype = MATMUL_DTYPES[p.x.dtype]
+    dot = dict(DOT_DTYPE=_DOT_DTYPES[mm_dtype])
     device, f32 = p.x.device, torch.float32
     # Scratch (see the module doc): dt', cs, decay; C B^T, the chunk-start states and the inner
     # captures' partial contributions in the matmul dtype; the chunks' own states in fp32.
     dt_s = torch.empty(nchunks, nheads, chunk, dtype=f32, device=device)
     cs_s = torch.empty_like(dt_s)
     decay = torch.empty(nchunks, nheads, dtype=f32, device=device)
-    cb = torch.empty(nchunks, ngroups, chunk, chunk, dtype=p.x.dtype, device=device)
+    cb = torch.empty(nchunks, ngroups, chunk, chunk, dtype=mm_dtype, device=device)
     states = torch.empty(nchunks, nheads, headdim, dstate, dtype=f32, device=device)
-    start = torch.empty(nchunks, nheads, headdim, dstate, dtype=p.x.dtype, device=device)
-    partial = torch.empty(ninner, nheads, headdim, dstate, dtype=p.x.dtype, device=device)
+    start = torch.empty(nchunks, nheads, headdim, dstate, dtype=mm_dtype, device=device)
+    partial = torch.empty(ninner, nheads, headdim, dstate, dtype=mm_dtype, device=device)
     out, captured = p.state_out, p.captured
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
@@ -424,7 +429,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
         # states are contiguous (headdim, dstate) blocks, as mamba2_scan allocates them.
         assert captured.stride()[2:] == (dstate, 1)
         row_programs = chunk // bm * n_pblocks
-        pairs = p.x.dtype != f32 and headdim * dstate % 2 == 0  # 16-bit states read as 32-bit words
+        pairs = mm_dtype != f32 and headdim * dstate % 2 == 0  # 16-bit states read as 32-bit words
         words = (lambda t: t.view(-1).view(torch.int32)) if pairs else (lambda t: t)
         _chunk_output_kernel[(nchunks + triton.cdiv(ninner, row_programs), nheads, row_programs)](
             p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, cb, start,
@@ -434,6 +439,6 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             *captured.stride()[:2],
             HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd,
             CAPTURE_BLOCK=cfg["CAPTURE_BLOCK"], CAPTURE_EVEN=headdim * dstate % cfg["CAPTURE_BLOCK"] == 0,
-            PAIRS=pairs, IS_BF16=p.x.dtype == torch.bfloat16, **dot, **cfg["output"])
+            PAIRS=pairs, IS_BF16=mm_dtype == torch.bfloat16, **dot, **cfg["output"])
     if plan.copy_rows.numel():
         captured[plan.copy_rows] = captured[plan.copy_from]
