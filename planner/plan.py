@@ -207,6 +207,9 @@ def plan_prefill(
     check_int("grid", grid, minimum=1)
     if start > total:
         raise ValueError(f"start must be <= total ({total}), got {start}")
+    for name, value in (("budget", budget), ("first_budget", first_budget)):
+        if value is not None and value < grid:  # such a pass cannot end on the grid
+            raise ValueError(f"{name} ({value}) must be at least the grid ({grid}), so that passes end on it")
     branch_points = _check_branch_points(branch_points, total)
     if branch_points and policy != "free":
         raise ValueError(

@@ -153,7 +153,12 @@ class Engine:
                     logits.append(out.logits)
                 if on_tokens is not None:
                     on_tokens(p.length)
-            self.kv.insert(tokens, self.model.kv_rows(state))
+            # On the chunked scan a token's outputs (so the KV of every layer after a Mamba layer)
+            # depend on the pass's length while its chunk is only partly filled: on its grid, only
+            # the blocks below the last grid point the prompt reached are the bits any pass
+            # computes, and restores (grid points) never need the others.
+            grid = self.rules["grid"]
+            self.kv.insert(tokens[:total // grid * grid], self.model.kv_rows(state))
             handles = {}
             for position, snap in sorted(taken.items()):
                 handles[position] = self._next_handle

@@ -68,6 +68,29 @@ def test_chat_trace_on_the_grid_is_bitwise(model):
     assert hits >= 2
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_shorter_prompt_served_first_leaves_warm_requests_bitwise(backend):
+    """Q ends inside A's first chunk: its KV there came from a partly filled chunk (other rounding
+    than a full one), which a later request restoring past it (B, at A's capture 16) must not
+    take in place of A's."""
+    model = HybridLM(HybridConfig(vocab_size=8, hidden_size=32, num_layers=2, attention_every=2,
+                                  num_attention_heads=2, mamba_heads=2, mamba_head_dim=32, state_size=8,
+                                  mlp_size=32, seed=1, scan_algorithm="chunked", chunk_size=CHUNK), backend=backend)
+    a = [0, 4, 3, 6, 1, 5, 6, 7, 4, 1, 3, 3, 2, 2, 3, 0, 0, 1, 1, 0, 4, 3, 7, 4]
+    b = a + [5, 7, 5, 1, 0, 0, 4, 6, 1, 0, 7, 7, 5, 5, 6]
+    engine = Engine(model, policy="free", block_size=1, budget=40)
+    engine.serve(a[:10])
+    engine.serve(a)
+    warm = engine.serve(b)
+    assert warm.restore_point == 16
+    assert torch.equal(warm.logits, model.prefill(b)[16:])
+
+
+def test_budget_below_the_grid_is_refused(model):
+    with pytest.raises(ValueError, match=r"budget \(12\) must be at least the grid \(16\)"):
+        Engine(model, policy="split", block_size=4, budget=12)
+
+
 def test_off_the_grid_restores_are_close_not_bitwise(model):
     """grid=1 on the chunked scan: the restore at 72 (block 8) is between chunk boundaries."""
     tokens = prompt(77, seed=2)

@@ -27,6 +27,12 @@ def test_incident_on_the_grid():
     assert plan_prefill(32772, policy="inpass", **INCIDENT).warm_restore(shared_tokens=32760).grid_replay_tokens == 0
 
 
+@pytest.mark.parametrize("budgets", [dict(budget=12), dict(budget=32, first_budget=8)])
+def test_budgets_below_the_grid_are_refused(budgets):
+    with pytest.raises(ValueError, match=r"budget \(\d+\) must be at least the grid \(16\)"):
+        plan_prefill(70, block_size=4, grid=16, **budgets)
+
+
 @settings(max_examples=200, deadline=None)
 @given(total=st.integers(1, 3000), start_steps=st.integers(0, 20), grid=st.sampled_from([16, 32, 64, 256]),
        extra=st.integers(0, 300), interval=st.integers(0, 8), policy=st.sampled_from(POLICIES),
