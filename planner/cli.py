@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from typing import Callable, Iterable, Iterator, Sequence
@@ -131,13 +132,14 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (TypeError, ValueError) as error:
         parser.error(str(error))
 
+    step = math.lcm(args.block_size, args.grid)  # the plan's tail points are in these steps
     if args.json:
         print(json.dumps({
             "total": args.total, "start": args.start, "interval": args.interval, "grid": args.grid,
             "block_size": args.block_size, "budget": args.budget,
             "first_budget": args.first_budget,
-            "tail_boundary": tail_boundary(args.total, args.block_size),
-            "tail_split_point": tail_split_point(args.total, args.block_size),
+            "tail_boundary": tail_boundary(args.total, step),
+            "tail_split_point": tail_split_point(args.total, step),
             "policies": {
                 policy: {
                     "passes": [asdict(p) for p in plan.passes],
@@ -153,8 +155,8 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"prompt {args.total} tokens from {args.start}: block {args.block_size}, "
           f"budget {args.budget}, first budget {args.first_budget or args.budget}, "
           f"interval {args.interval}" + (f", grid {args.grid}" if args.grid > 1 else ""))
-    print(f"tail boundary {tail_boundary(args.total, args.block_size)}, "
-          f"tail split point {tail_split_point(args.total, args.block_size)}")
+    print(f"tail boundary {tail_boundary(args.total, step)}, tail split point {tail_split_point(args.total, step)}"
+          + (f" (steps of {step} tokens: blocks on the grid)" if step != args.block_size else ""))
     first_warm = next(iter(warm.values()))  # the match is the same under every policy
     if first_warm is not None:
         shared = args.total if args.shared_tokens is None else args.shared_tokens
@@ -236,7 +238,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     first = args.first_budget or args.budget
     cap = "unbounded" if args.max_snapshots is None else f"at most {args.max_snapshots}"
     print(f"block {args.block_size}, budget {args.budget}, first budget {first}, interval "
-          f"{args.interval}" + (f", grid {args.grid}" if args.grid > 1 else "") + "; snapshots {cap} ({args.eviction}); cost model "
+          f"{args.interval}" + (f", grid {args.grid}" if args.grid > 1 else "") + f"; snapshots {cap} ({args.eviction}); cost model "
           f"{cost_model.per_token_ms:.4f} ms/token + {cost_model.per_pass_ms:g} ms/pass")
     print("computed: tokens prefilled; ssm replay: of those, tokens the KV cache held but the "
           "SSM state lacked;\nextra: passes beyond the cache-off plan; stored/evicted: "
@@ -314,6 +316,6 @@ def _non_negative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    if not 0 <= value < math.inf:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
     return value

@@ -72,6 +72,14 @@ def test_simulate_table(capsys):
     assert "trace agent" in out
     assert [line.split()[0] for line in out.splitlines()[-4:]] == [
         "legacy", "split", "inpass", "free"]
+    assert "snapshots unbounded (lru)" in out
+
+
+def test_plan_on_a_grid_reports_the_tail_points_it_uses(capsys):
+    assert main(INCIDENT_ARGS + ["--grid", "256", "--policy", "inpass", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    captures = [c for p in report["policies"]["inpass"]["passes"] for c in p["captures"]]
+    assert report["tail_split_point"] == 32512 and captures == [32512]
 
 
 @pytest.mark.parametrize(
@@ -89,6 +97,7 @@ def test_simulate_table(capsys):
         ["plan", "--total", "100", "--shared-tokens", "200"],
         ["simulate", "--eviction", "fifo"],
         ["simulate", "--per-pass-ms", "-1"],
+        ["simulate", "--per-pass-ms", "inf"],
         ["simulate", "--scale", "0"],
         ["frobnicate"],
     ],
