@@ -62,7 +62,7 @@ class RequestReport:
 
     ``tokens_computed`` = total - restore point. ``ssm_replay_tokens`` = match - restore point:
     tokens the KV cache held but the SSM had to recompute. ``extra_passes`` = passes minus
-    those of the cache-off plan (budget alone) over the same range: never negative, 0 under
+    those of the cache-off plan (budget and grid alone) over the same range: never negative, 0 under
     ``free``, and under ``inpass`` positive only where block alignment adds a pass.
     ``branch_point`` is where the prompt left the tree (captured under ``free`` only).
     """
@@ -172,7 +172,7 @@ def simulate(
             total, start=restore, interval=interval, policy=policy, grid=grid,
             branch_points=(branch,) if policy == "free" else (), **rules,
         )
-        cache_off = plan_prefill(total, start=restore, policy="free", **rules)
+        cache_off = plan_prefill(total, start=restore, policy="free", grid=grid, **rules)
 
         handles = range(next_handle, next_handle + len(plan.snapshot_positions))
         next_handle += len(handles)

@@ -27,6 +27,12 @@ def test_incident_on_the_grid():
     assert plan_prefill(32772, policy="inpass", **INCIDENT).warm_restore(shared_tokens=32760).grid_replay_tokens == 0
 
 
+def test_free_takes_no_extra_pass_on_a_grid():
+    """The cache-off plan that extra passes count against is on the same grid."""
+    (report,) = simulate([list(range(600))], policy="free", block_size=16, budget=300, grid=256).requests
+    assert report.passes == 3 and report.extra_passes == 0  # 256, 512, 600: the grid's own pass ends
+
+
 @pytest.mark.parametrize("budgets", [dict(budget=12), dict(budget=32, first_budget=8)])
 def test_budgets_below_the_grid_are_refused(budgets):
     with pytest.raises(ValueError, match=r"budget \(\d+\) must be at least the grid \(16\)"):
