@@ -273,6 +273,8 @@ def test_step_refuses_overlapping_or_grad_states_before_writing():
     (lambda s: LayerState(s.conv, s.ssm.double(), s.positions), TypeError, "state.ssm must have dtype float32"),
     (lambda s: LayerState(s.conv.bfloat16(), s.ssm, s.positions), TypeError, "state.conv must have the hidden"),
     (lambda s: LayerState(s.conv, s.ssm, (0, 0)), ValueError, "state.positions must hold 1 positions"),
+    (lambda s: LayerState(s.conv, s.ssm, (-4,)), ValueError, r"state.positions\[0\] must be >= 0, got -4"),
+    (lambda s: LayerState(s.conv, s.ssm, (1.5,)), TypeError, r"state.positions\[0\] must be an int"),
     (lambda s: (s.conv, s.ssm), TypeError, "state must be a LayerState"),
 ])
 def test_bad_state_is_rejected(bad, error, message):
@@ -291,3 +293,11 @@ def test_bad_hidden_states_and_captures_are_rejected():
         layer.initial_state(2).position
     with pytest.raises(ValueError, match="hidden_act must be 'silu'"):
         mamba2(hidden_act="gelu")
+    for other in (mamba2(), mamba1()):
+        with pytest.raises(TypeError, match="hidden_states must have the layer's dtype torch.float32, got torch.bfloat16"):
+            other(torch.randn(1, 3, HIDDEN, dtype=torch.bfloat16))
+        with pytest.raises(TypeError, match="hidden_states must have the layer's dtype"):
+            other.step(torch.randn(1, HIDDEN, dtype=torch.bfloat16), other.initial_state())
+        with pytest.raises(ValueError, match=r"snapshots\[0\].position must be >= 0, got -3"):
+            snap = other.initial_state().snapshot(0)
+            other.restore(type(snap)(-3, snap.conv, snap.ssm))

@@ -31,6 +31,14 @@ class ShortRepr:
         return f"{type(self).__name__}({', '.join(f'{f.name}={_short(getattr(self, f.name))}' for f in fields(self))})"
 
 
+def _check_position(name: str, position) -> None:
+    """A position is a count of tokens consumed: an int >= 0 (not a bool)."""
+    if isinstance(position, bool) or not hasattr(position, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(position).__name__}")
+    if position < 0:
+        raise ValueError(f"{name} must be >= 0, got {position}")
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class Snapshot(ShortRepr):
     """A mixer layer's state at an absolute position: what a prefix cache stores and restores.
@@ -145,6 +153,7 @@ class SSMMixer(nn.Module):
         for i, snap in enumerate(snapshots):
             if not isinstance(snap, Snapshot):
                 raise TypeError(f"snapshots[{i}] must be a Snapshot, got {type(snap).__name__}")
+            _check_position(f"snapshots[{i}].position", snap.position)
             for part, got, want in (("conv", snap.conv, self.conv_state_shape),
                                     ("ssm", snap.ssm, self.ssm_state_shape)):
                 if tuple(got.shape) != tuple(want):
@@ -159,6 +168,8 @@ class SSMMixer(nn.Module):
                           tuple(s.position for s in snapshots))
 
     def _check_state(self, state, nseq: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+        if dtype != self.in_proj.weight.dtype:  # the projections multiply hidden states by the weights
+            raise TypeError(f"hidden_states must have the layer's dtype {self.in_proj.weight.dtype}, got {dtype}")
         if state is None:
             return self.initial_state(nseq, dtype=dtype, device=device)
         if not isinstance(state, LayerState):
@@ -172,6 +183,8 @@ class SSMMixer(nn.Module):
             raise TypeError(f"state.conv must have the hidden states' dtype {dtype}, got {state.conv.dtype}")
         if len(state.positions) != nseq:
             raise ValueError(f"state.positions must hold {nseq} positions, got {len(state.positions)}")
+        for s, position in enumerate(state.positions):
+            _check_position(f"state.positions[{s}]", position)
         return state
 
     # -- passes ---------------------------------------------------------------------------
