@@ -9,11 +9,13 @@ back from the device, so it works under CUDA graphs and asynchronous scheduling.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import torch
 
-from .._common import INDEX_DTYPES, CaptureTable, Sequences, check_tensor, lengths_from_bounds
+from .._common import (INDEX_DTYPES, CaptureTable, Sequences, check_decode_slots, check_tensor,
+                       lengths_from_bounds)
 from ..scan.chunked import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
@@ -31,6 +33,10 @@ class PrefillBatch:
     captures: per-sequence tables of (offset, destination slot) sorted by offset.
     skip_slot: rows whose slot equals it are not computed (None: every row is).
     host: the step on the host, for the chunked algorithm (None without start_positions).
+    extremes: (argument, index, slot) of the smallest and largest slot each index argument
+        writes or reads, where the batch read them back (see slot_extremes); ntokens: the tokens
+        the pass needs (cu_seqlens[-1]), likewise, else None. The ops check these against the
+        tensors they are given.
     """
 
     seqs: Sequences
@@ -39,6 +45,8 @@ class PrefillBatch:
     captures: CaptureTable
     skip_slot: int | None
     host: HostStep | None = None
+    extremes: tuple = ()
+    ntokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class DecodeBatch:
     dst_state_indices: torch.Tensor | None
     captures: CaptureTable  # always empty: the kernels' capture table for "none"
     skip_slot: int | None
+    extremes: tuple = ()  # as in PrefillBatch
 
 
 def _index(name, t, n):
@@ -76,19 +85,36 @@ def _index(name, t, n):
     return t
 
 
-def _device_captures(seq, offset, slot, nseq: int, total_tokens: int, on_host: bool) -> CaptureTable:
+def slot_extremes(name, slots, live=None):
+    """(name, index, slot) of the smallest and largest of `slots` (host ints) where `live` (all
+    by default): all an op needs to check them against its cache's size."""
+    used = [(slot, i) for i, slot in enumerate(slots) if live is None or live[i]]
+    return tuple((name, i, slot) for slot, i in (min(used), max(used))) if used else ()
+
+
+def _device_captures(seq, offset, slot, nseq: int, total_tokens: int, on_host: bool,
+                     skip_slot: int | None) -> CaptureTable:
     """Capture tables sorted on the device: (sequence, offset) order, per-sequence bounds by
     searchsorted. `entries` is filled for host tensors (the PyTorch path reads it) or when asked
-    (on_host: one read back), else holds only the count."""
+    (on_host: one read back), else holds only the count.
+
+    Declined captures (slot == skip_slot) may hold any placeholder sequence and offset: they sort
+    past the last sequence's bounds, so no kernel reaches them, and the host tables leave them out."""
     device = seq.device
     seq, offset, slot = seq.long(), offset.long(), slot.long()
+    if skip_slot is not None:
+        declined = slot == skip_slot
+        seq = torch.where(declined, nseq, seq)
+        offset = torch.where(declined, 0, offset)
     order = torch.argsort(seq * (total_tokens + 1) + offset, stable=True)
     seq, offset, slot = seq[order], offset[order], slot[order]
     ptr = torch.searchsorted(seq, torch.arange(nseq + 1, device=device), right=False)
     if device.type == "cpu" or on_host:
+        n = int(ptr[nseq])  # the captures that are written
+        seq, offset, slot = seq[:n], offset[:n], slot[:n]
         entries = list(zip(seq.tolist(), offset.tolist(), slot.tolist()))
     else:
-        entries = [None] * seq.numel()  # only the count is read on this path
+        entries = [None] * seq.numel()  # only the count is read on this path (declined ones included)
     return CaptureTable(ptr, offset, slot, entries)
 
 
@@ -172,18 +198,27 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         total = lengths and max(sum(lengths), 0)
         total_tokens = total if on_host else 1 << 40
         captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, total_tokens,
-                                    on_host=start_positions is not None)
+                                    on_host=start_positions is not None, skip_slot=skip_slot)
     else:
         captures = _no_captures(nseq, device)
+    # What the ops check against their tensors (the cache's slots, the token axis), where the
+    # values are on the host anyway: a slot past the cache would be written out of bounds.
+    extremes, ntokens = (), None
+    if on_host:
+        slots = state_indices.tolist()
+        extremes = slot_extremes("state_indices", slots, [slot != skip_slot for slot in slots])
+        if ncap:
+            cap_slots = capture_slot.tolist()
+            extremes += slot_extremes("capture_slot", cap_slots, [slot != skip_slot for slot in cap_slots])
+        ntokens = bounds[-1]
     host = None
     if start_positions is not None:
         positions = check_start_positions(start_positions, seqs)
-        slots = state_indices.tolist()
         live = lambda s, slot: slot != skip_slot and slots[s] != skip_slot
         host = HostStep(positions, slots,
                         has_initial_state.tolist() if has_initial_state is not None else [True] * nseq,
                         [(s, k, slot) for s, k, slot in captures.entries if live(s, slot)])
-    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host)
+    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, ntokens)
 
 
 def _validate_prefill(cu_seqlens, state_indices, capture_seq, capture_offset, capture_slot, skip_slot, nslots):
@@ -243,15 +278,25 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
             raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on {device}")
     if skip_slot is not None and (isinstance(skip_slot, bool) or not isinstance(skip_slot, int)):
         raise TypeError(f"skip_slot must be an int or None, got {skip_slot!r}")
-    if validate:
+    extremes = ()
+    if validate or device.type == "cpu":
         slots = state_indices.tolist()
-        _check_slots("state_indices", slots, skip_slot, nslots)
         dst = dst_state_indices.tolist() if dst_state_indices is not None else slots
-        live_dst = [d for s, d in zip(slots, dst) if s != skip_slot]
+        live = [slot != skip_slot for slot in slots]
+        extremes = slot_extremes("state_indices", slots, live)
+        if dst_state_indices is not None:
+            extremes += slot_extremes("dst_state_indices", dst, live)
+    if validate:
+        _check_slots("state_indices", slots, skip_slot, nslots)
+        live_dst = [d for d, keep in zip(dst, live) if keep]
         _check_slots("dst_state_indices", live_dst, None, nslots)
         if len(set(live_dst)) != len(live_dst):
             raise ValueError("the rows' destination slots must be distinct: two rows writing one slot would race")
+        # The rows run in parallel, as in selective_state_update: no two rows write one slot and
+        # no row writes a slot another row reads.
+        check_decode_slots(state_indices, dst_state_indices, skip_slot, batch,
+                           sys.maxsize if nslots is None else nslots)
     cu = torch.arange(batch + 1, dtype=torch.int64, device=device)
     seqs = Sequences(cu, [1] * batch, varlen=False)
     dst = None if dst_state_indices is None else dst_state_indices.contiguous()
-    return DecodeBatch(seqs, state_indices.contiguous(), dst, _no_captures(batch, device), skip_slot)
+    return DecodeBatch(seqs, state_indices.contiguous(), dst, _no_captures(batch, device), skip_slot, extremes)

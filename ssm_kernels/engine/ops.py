@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_dt_limit, check_inplace_target, check_same_device, check_tensor,
-                       resolve_backend)
+from .._common import (FLOAT_DTYPES, check_bool, check_dt_limit, check_inplace_target, check_same_device,
+                       check_tensor, resolve_backend)
 from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
 from ..conv.triton_kernel import run_triton as run_conv_triton
@@ -47,7 +47,7 @@ def _check_cache(name, cache, dims):
 
 def _mamba2_problem(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out, decode):
     """x: (batch, tokens, nheads, headdim) views; the scan layout over the cache."""
-    return mamba2_problem(x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), dt_limit, ssm_state, batch.state_indices,
+    return mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, batch.state_indices,
                           batch.seqs, batch.captures, out, ssm_state, ssm_state,
                           has_initial=None if decode else batch.has_initial,
                           state_out_index=batch.dst_state_indices if decode else None, skip_slot=batch.skip_slot)
@@ -60,7 +60,11 @@ def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, lead):
     return check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, ssm_state=ssm_state, out=out)
 
 
-def _check_batch(batch, cls, device, ntokens=None):
+def _check_batch(batch, cls, device, cache_name, cache, ntokens=None, token_axis=None):
+    """The batch against the tensors: its device, its rows (decode: ntokens) or tokens (prefill:
+    token_axis, which may hold trailing padding), and its slots against the cache's size, since
+    the kernels would write past the cache. Slots and tokens are checked where the batch read them
+    back to the host (validate=True, CPU tensors or start_positions)."""
     if not isinstance(batch, cls):
         raise TypeError(f"batch must be a {cls.__name__} (from ssm_kernels.engine.{cls.__name__.lower()[:-5]}_batch), "
                         f"got {type(batch).__name__}")
@@ -68,6 +72,12 @@ def _check_batch(batch, cls, device, ntokens=None):
         raise ValueError(f"the batch is on {batch.seqs.cu_seqlens.device} but the tensors are on {device}")
     if ntokens is not None and ntokens != batch.seqs.count:
         raise ValueError(f"the inputs hold {ntokens} rows but the batch has {batch.seqs.count}")
+    if token_axis is not None and batch.ntokens is not None and token_axis < batch.ntokens:
+        raise ValueError(f"the inputs hold {token_axis} tokens but the batch's cu_seqlens ends at {batch.ntokens}")
+    nslots = cache.shape[0]
+    for arg, i, slot in batch.extremes:
+        if not 0 <= slot < nslots:
+            raise ValueError(f"the batch's {arg}[{i}] = {slot} is out of range for {cache_name} with {nslots} slots")
 
 
 def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
@@ -97,7 +107,8 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
     position) from a float32 cache continues a longer pass bit for bit.
     """
     device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("ntokens",))
-    _check_batch(batch, PrefillBatch, device)
+    _check_batch(batch, PrefillBatch, device, "ssm_state", ssm_state, token_axis=x.shape[0])
+    dt_softplus = check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     backend = resolve_backend(backend, device)
     chunk_size = mamba2_chunked_scan.check_chunk_size(chunk_size)
@@ -120,7 +131,8 @@ def mamba2_decode(batch: DecodeBatch, x, dt, A, B, C, *, ssm_state, out, D=None,
     Bit-identical to a one-token prefill from the same state.
     """
     device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("batch",))
-    _check_batch(batch, DecodeBatch, device, x.shape[0])
+    _check_batch(batch, DecodeBatch, device, "ssm_state", ssm_state, x.shape[0])
+    dt_softplus = check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     backend = resolve_backend(backend, device)
     u = lambda t: None if t is None else t.unsqueeze(1)
@@ -165,7 +177,7 @@ def _mamba1_problem(rows, bc, A, D, delta_bias, delta_softplus, ngroups, **state
     x, dt, z, y = rows
     return ScanProblem(
         x=x, dt=dt, A=grouped(A), B=bc[0], C=bc[1], D=grouped(D), z=z, dt_bias=grouped(delta_bias),
-        dt_softplus=bool(delta_softplus), dt_min=-math.inf, dt_max=math.inf, a_per_state=True, y=y,
+        dt_softplus=delta_softplus, dt_min=-math.inf, dt_max=math.inf, a_per_state=True, y=y,
         **state_fields)
 
 
@@ -187,7 +199,8 @@ def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=
     default 64, at most 256; "auto" from ssm_kernels.scan.mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS).
     """
     device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=1)
-    _check_batch(batch, PrefillBatch, device)
+    _check_batch(batch, PrefillBatch, device, "ssm_state", ssm_state, token_axis=u.shape[1])
+    delta_softplus = check_bool("delta_softplus", delta_softplus)
     backend = resolve_backend(backend, device)
     chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
     rows = lambda t: None if t is None else t.unflatten(0, (ngroups, -1)).permute(2, 0, 1).unsqueeze(0)
@@ -208,12 +221,19 @@ def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=No
     in mamba1_prefill.
     """
     device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=0)
-    _check_batch(batch, DecodeBatch, device, u.shape[0])
+    _check_batch(batch, DecodeBatch, device, "ssm_state", ssm_state, u.shape[0])
+    delta_softplus = check_bool("delta_softplus", delta_softplus)
     backend = resolve_backend(backend, device)
     rows = lambda t: None if t is None else t.unflatten(1, (ngroups, -1)).unsqueeze(1)  # (batch, 1, G, P)
     bc = lambda t: (t.unsqueeze(1) if t.ndim == 2 else t).unsqueeze(1)  # (batch, 1, G, N)
     dispatch.run(_mamba1_problem((rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D, delta_bias,
                                  delta_softplus, ngroups, **_cache_fields(batch, ssm_state, ngroups, True)), backend)
+
+
+def _span(t):
+    """The bytes t's elements lie in: [first, last] addresses (strides are never negative)."""
+    start = t.data_ptr()
+    return start, start + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
 
 
 def _check_conv(x, weight, bias, conv_state, out, activation):
@@ -227,6 +247,13 @@ def _check_conv(x, weight, bias, conv_state, out, activation):
         check_tensor("bias", bias, [("dim", dim)], FLOAT_DTYPES + (torch.float64,))
     _check_cache("conv_state", conv_state, [("dim", dim), ("width - 1", width - 1)])
     _check_out("out", out, x.shape, x.dtype)
+    # The Triton kernel stores a tile's outputs before it reads the inputs of the conv states:
+    # out over x would put outputs into the states. Conservative: interleaved views count too.
+    if x.numel() and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+        (x0, x1), (o0, o1) = _span(x), _span(out)
+        if x0 <= o1 and o0 <= x1:
+            raise ValueError("out must not overlap x in memory (the conv states are read from x after the "
+                             "outputs are stored): pass a separate out tensor")
     if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state, out=out)
@@ -247,7 +274,7 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
     """
     check_tensor("x", x, [("dim", None), ("ntokens", None)], FLOAT_DTYPES)
     device = _check_conv(x, weight, bias, conv_state, out, activation)
-    _check_batch(batch, PrefillBatch, device)
+    _check_batch(batch, PrefillBatch, device, "conv_state", conv_state, token_axis=x.shape[1])
     backend = resolve_backend(backend, device)
     seqs = batch.seqs
     if backend == "triton":
@@ -269,9 +296,9 @@ def conv_decode(batch: DecodeBatch, x, weight, bias=None, *, conv_state, out, ac
     here: the conv state is shifted in place).
     """
     check_tensor("x", x, [("batch", None), ("dim", None)], FLOAT_DTYPES)
-    device = _check_conv(x.t(), weight, bias, conv_state, out.t() if isinstance(out, torch.Tensor) else out,
-                         activation)
-    _check_batch(batch, DecodeBatch, device, x.shape[0])
+    check_tensor("out", out, [("batch", x.shape[0]), ("dim", x.shape[1])], FLOAT_DTYPES)  # 2-D before .t()
+    device = _check_conv(x.t(), weight, bias, conv_state, out.t(), activation)
+    _check_batch(batch, DecodeBatch, device, "conv_state", conv_state, x.shape[0])
     if batch.dst_state_indices is not None:
         raise ValueError("conv_decode updates the conv state in place: build its DecodeBatch without dst_state_indices")
     backend = resolve_backend(backend, device)
