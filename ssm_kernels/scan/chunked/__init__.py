@@ -14,8 +14,9 @@ Algorithms of mamba2_scan:
   are bit-identical to that pass's, on each backend. A pass that starts off the grid has a
   shorter first chunk, other rounding, and matches to within the accuracy below, not bitwise.
   Accuracy against float64 (RMS-relative): float32 inputs use full-precision (IEEE fp32, no tf32)
-  matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in their dtype with fp32
-  accumulation and stay within 1e-2. Returned states are float32; a 16-bit pass's captures
+  matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in bfloat16 (float16's
+  range is too small for the chunk-start states and C B^T) with fp32 accumulation and stay within
+  1e-2. Returned states are float32; a 16-bit pass's captures
   inside chunks are combined from 16-bit intermediates (the chunk-start state and the partial
   sum), so their error is a little above the final state's (triton_kernels.py).
   backend="triton" runs the Triton kernels (triton_kernels.py); backend="torch" runs the same
