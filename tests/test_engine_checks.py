@@ -179,3 +179,19 @@ def test_conv_decode_names_a_wrong_out():
     with pytest.raises(ValueError, match=r"out must have 2 dimensions \(batch, dim\)"):
         engine.conv_decode(engine.decode_batch(torch.tensor([0, 1])), torch.randn(2, DIM), torch.randn(DIM, WIDTH),
                            conv_state=torch.zeros(2, DIM, WIDTH - 1), out=torch.empty(2, DIM, 1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_in_place_with_taps_past_a_time_tile(backend):
+    """width - 1 = 129 taps reach past the Triton kernel's 128-token time tile: the later tiles must
+    not read the slot's initial inputs after the first tile has updated them in place."""
+    width, T = 130, 150
+    x, w = torch.randn(2, T), torch.randn(2, width) * 0.1
+    cache = torch.randn(2, 2, width - 1)
+    before = cache.clone()
+    out = torch.empty_like(x)
+    engine.conv_prefill(engine.prefill_batch(torch.tensor([0, T]), torch.tensor([1])), x, w, conv_state=cache,
+                        out=out, backend=backend)
+    want = causal_conv1d(x[None], w, initial_states=before[1:2], backend=backend)
+    assert torch.equal(out, want.out[0]) and torch.equal(cache[1], want.final_states[0])
+    assert torch.equal(cache[0], before[0])

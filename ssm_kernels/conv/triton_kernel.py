@@ -195,7 +195,9 @@ def run_triton(p: ConvProblem) -> None:
         block_d, vec, block_t, num_warps = min(BLOCK_D_ONE_TOKEN, triton.next_power_of_2(dim)), 1, 1, 2
     else:
         block_d, vec, num_warps = min(BLOCK_D, triton.next_power_of_2(dim)), _time_vector(p), 4
-        block_t = BLOCK_T if vec > 1 else BLOCK_T_CHANNEL_VECTORS
+        # At least the taps' reach: then only the first time tile reads the initial states, which
+        # it overwrites when they are updated in place (an engine's cache).
+        block_t = max(BLOCK_T if vec > 1 else BLOCK_T_CHANNEL_VECTORS, block_w)
     grid = (max(1, triton.cdiv(max(p.seqs.lengths), block_t)), triton.cdiv(dim, block_d), nseq)
     cap = p.captures
     w = p.weight  # stands in for absent or empty tensors (never empty itself)
