@@ -312,7 +312,7 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
     """The slots a decode batch updates in place, as int64: `state_indices` (distinct, in range;
     called `name` in errors) or 0..batch-1."""
     if state_indices is None:
-        if batch > nslots:
+        if nslots is not None and batch > nslots:
             raise ValueError(f"without {name} the batch ({batch}) must not exceed {state_name}'s slots ({nslots})")
         return torch.arange(batch, device=device)
     check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
@@ -325,15 +325,16 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
     return state_indices.to(device=device, dtype=torch.int64)
 
 
-def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int) -> None:
+def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int | None) -> None:
     """The slots a decode batch reads (state_indices, default 0..batch-1) and writes
-    (dst_state_indices, default the same) in a pool of nslots: in range, or pad_slot_id in
-    state_indices for a padded row; no two live rows writing one slot, and no row writing a slot
-    that another live row reads (the rows run in parallel)."""
+    (dst_state_indices, default the same) in a pool of nslots (None: not known, only >= 0 is
+    checked): in range, or pad_slot_id in state_indices for a padded row; no two live rows writing
+    one slot, and no row writing a slot that another live row reads (the rows run in parallel)."""
+    in_range = lambda slot: 0 <= slot and (nslots is None or slot < nslots)
     if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
         raise TypeError(f"pad_slot_id must be an int or None, got {pad_slot_id!r}")
     if state_indices is None:
-        if batch > nslots:
+        if nslots is not None and batch > nslots:
             raise ValueError(f"without state_indices the batch ({batch}) must not exceed state's slots ({nslots})")
         sources = list(range(batch))
     else:
@@ -341,7 +342,7 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
         sources = state_indices.tolist()
     live = [b for b in range(batch) if sources[b] != pad_slot_id]
     for b in live:
-        if not 0 <= sources[b] < nslots:
+        if not in_range(sources[b]):
             raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
                              + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
     if dst_state_indices is None:
@@ -355,7 +356,7 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
         targets = dst_state_indices.tolist()
         name = "dst_state_indices"
         for b in live:
-            if not 0 <= targets[b] < nslots:
+            if not in_range(targets[b]):
                 raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
     written = [targets[b] for b in live]
     if len(set(written)) != len(written):

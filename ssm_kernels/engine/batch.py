@@ -9,7 +9,6 @@ back from the device, so it works under CUDA graphs and asynchronous scheduling.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -281,21 +280,12 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
     extremes = ()
     if validate or device.type == "cpu":
         slots = state_indices.tolist()
-        dst = dst_state_indices.tolist() if dst_state_indices is not None else slots
         live = [slot != skip_slot for slot in slots]
         extremes = slot_extremes("state_indices", slots, live)
         if dst_state_indices is not None:
-            extremes += slot_extremes("dst_state_indices", dst, live)
-    if validate:
-        _check_slots("state_indices", slots, skip_slot, nslots)
-        live_dst = [d for d, keep in zip(dst, live) if keep]
-        _check_slots("dst_state_indices", live_dst, None, nslots)
-        if len(set(live_dst)) != len(live_dst):
-            raise ValueError("the rows' destination slots must be distinct: two rows writing one slot would race")
-        # The rows run in parallel, as in selective_state_update: no two rows write one slot and
-        # no row writes a slot another row reads.
-        check_decode_slots(state_indices, dst_state_indices, skip_slot, batch,
-                           sys.maxsize if nslots is None else nslots)
+            extremes += slot_extremes("dst_state_indices", dst_state_indices.tolist(), live)
+    if validate:  # the rows run in parallel, as in selective_state_update
+        check_decode_slots(state_indices, dst_state_indices, skip_slot, batch, nslots)
     cu = torch.arange(batch + 1, dtype=torch.int64, device=device)
     seqs = Sequences(cu, [1] * batch, varlen=False)
     dst = None if dst_state_indices is None else dst_state_indices.contiguous()

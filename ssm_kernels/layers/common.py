@@ -13,7 +13,8 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
-from .._common import FLOAT_DTYPES, check_inplace_target, check_tensor, make_capture_table, make_sequences
+from .._common import (FLOAT_DTYPES, check_inplace_target, check_int, check_tensor, make_capture_table,
+                       make_sequences)
 from .rows import exact_linear, exact_rowwise
 
 
@@ -32,10 +33,8 @@ class ShortRepr:
 
 
 def _check_position(name: str, position) -> None:
-    """A position is a count of tokens consumed: an int >= 0 (not a bool)."""
-    if isinstance(position, bool) or not hasattr(position, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(position).__name__}")
-    if position < 0:
+    """A position is a count of tokens consumed: an int >= 0."""
+    if check_int(name, position) < 0:
         raise ValueError(f"{name} must be >= 0, got {position}")
 
 
