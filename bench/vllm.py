@@ -21,7 +21,9 @@ Configurations:
 Traffic per round (a fresh random prompt each round; the first round is a warm-up, not reported):
 cold (900 tokens), warm (the same again), branch (the first 704 tokens, then new ones: it leaves
 the prompt before its tail), branch2 (another branch at the same point) and turn 2 (the prompt,
-the reply, 180 new tokens). Block size 128,
+the reply, 180 new tokens); then a 10-token and a 600-token prompt served together, so that with
+more than one output token a step decodes one while it prefills the other (checked by the tests,
+not reported). Block size 128,
 token budget 256 per step, so a 900-token prefill takes 4 passes. Per request: passes (engine
 steps until the first token), prefill seconds (one output token), cached tokens.
 """
@@ -51,6 +53,9 @@ CONFIGS = {
 }
 BLOCK, BUDGET, PROMPT, SHARED, TURN2_NEW, VOCAB = 128, 256, 900, 704, 180, 512
 REQUESTS = ("cold", "warm", "branch", "branch2", "turn2")
+# Served together after those: the short prompt decodes while the long one is still in prefill,
+# so an engine step holds decode and prefill rows at once.
+TOGETHER, TOGETHER_LENGTHS = ("together_short", "together_long"), (10, 600)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,7 +99,8 @@ def traffic(seed: int) -> dict[str, list[int]]:
     draw = lambda n: [rng.randrange(3, VOCAB) for _ in range(n)]
     prompt = draw(PROMPT)
     return {"cold": prompt, "warm": list(prompt), "branch": prompt[:SHARED] + draw(PROMPT - SHARED),
-            "branch2": prompt[:SHARED] + draw(PROMPT - SHARED), "turn2_new": draw(TURN2_NEW)}
+            "branch2": prompt[:SHARED] + draw(PROMPT - SHARED), "turn2_new": draw(TURN2_NEW),
+            **{name: draw(n) for name, n in zip(TOGETHER, TOGETHER_LENGTHS)}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,22 +132,29 @@ def run_child(model: str, config: str, rounds: int, max_tokens: int, out: Path) 
         llm.llm_engine.step = counting_step
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0)
 
-        def request(tokens):
+        def serve(*prompts):
+            """The prompts served together (one generate call); passes are counted for one alone."""
             steps["n"] = 0
             t, c, th = time.perf_counter(), time.process_time(), time.thread_time()
-            out = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)[0]
+            outs = llm.generate([{"prompt_token_ids": tokens} for tokens in prompts], params, use_tqdm=False)
             seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - c
             thread_seconds = time.thread_time() - th
-            gen = out.outputs[0]
-            return {"prompt": tokens, "tokens": list(gen.token_ids), "seconds": seconds, "cpu_seconds": cpu_seconds,
+            served = []
+            for tokens, out in zip(prompts, outs):
+                gen = out.outputs[0]
+                served.append({
+                    "prompt": tokens, "tokens": list(gen.token_ids), "seconds": seconds, "cpu_seconds": cpu_seconds,
                     "thread_seconds": thread_seconds,
                     "logprobs": [lp[t].logprob for lp, t in zip(gen.logprobs, gen.token_ids)],
-                    "cached": out.num_cached_tokens, "passes": steps["n"] - (len(gen.token_ids) - 1)}
+                    "cached": out.num_cached_tokens,
+                    "passes": steps["n"] - (len(gen.token_ids) - 1) if len(prompts) == 1 else None})
+            return served
 
         for r in range(rounds):
             prompts = traffic(seed=r)
-            reqs = {name: request(prompts[name]) for name in ("cold", "warm", "branch", "branch2")}
-            reqs["turn2"] = request(prompts["cold"] + reqs["cold"]["tokens"] + prompts["turn2_new"])
+            reqs = {name: serve(prompts[name])[0] for name in ("cold", "warm", "branch", "branch2")}
+            reqs["turn2"] = serve(prompts["cold"] + reqs["cold"]["tokens"] + prompts["turn2_new"])[0]
+            reqs.update(zip(TOGETHER, serve(*(prompts[name] for name in TOGETHER))))
             result["rounds"].append(reqs)
     except Exception as e:  # recorded: a configuration that crashes is a result here
         import traceback

@@ -140,17 +140,17 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
     nd, npf = md.num_decode_tokens, md.num_prefill_tokens
     dim = xbc.shape[0]
     time_bias = self._time_proj_bias()
-    outs = []
+    # Decode rows first, then prefill rows, as vLLM orders them: one (tokens, dim) output whose rows
+    # out_proj takes as they are (vLLM's CPU linear needs a contiguous last axis).
+    y = torch.empty(nd + npf, dim, dtype=xbc.dtype, device=xbc.device)
     if md.num_decodes > 0:
         batch = _decode_batch(md)
         conv_out = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
         engine.conv_decode(batch, xbc[:, :nd].t(), weights, self.conv1d.bias, conv_state=conv_state,
                            out=conv_out, activation=self.activation)
         dt, B, C = self._ssm_transform(conv_out)  # dt: (dim, nd); B, C: (nd, dstate)
-        y = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
-        engine.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y, D=self.D,
+        engine.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y[:nd], D=self.D,
                              z=gate[:, :nd].t(), delta_bias=time_bias, delta_softplus=True)
-        outs.append(y.t())
     if md.num_prefills > 0:
         batch = _prefill_batch(md)
         xbc_p = xbc[:, nd:nd + npf]
@@ -158,10 +158,7 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
         engine.conv_prefill(batch, xbc_p, weights, self.conv1d.bias, conv_state=conv_state, out=conv_out,
                             activation=self.activation)
         dt, B, C = self._ssm_transform(conv_out.transpose(-2, -1))  # dt: (dim, tokens); B, C: (tokens, dstate)
-        y = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()
-        engine.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y, D=self.D,
-                              z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True,
+        engine.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y[nd:].t(),
+                              D=self.D, z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True,
                               algorithm=prefill_algorithm())
-        outs.append(y)
-    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-    output[:nd + npf] = self.out_proj(y.transpose(-2, -1))[0]
+    output[:nd + npf] = self.out_proj(y)[0]
