@@ -115,22 +115,38 @@ def test_chunk_scan_varlen_states_without_seq_idx(device):
 
 def test_chunk_scan_seq_idx_without_cu_seqlens(device):
     """mamba_ssm's usual packed call: seq_idx alone, on a batch of two rows. Each run of equal
-    labels is a sequence; initial_states[b] is the state before row b's label-0 tokens (row 1
-    starts at label 2, so it has none); final_states is each row's last state."""
-    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 3, 3], [2, 2, 2, 2, 2, 4, 4, 4, 4]], dtype=torch.int32)
+    labels is a sequence; initial_states[b] is the state before row b's first sequence (label 0);
+    final_states is each row's last state."""
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 3, 3], [0, 0, 0, 0, 0, 4, 4, 4, 4]], dtype=torch.int32)
     kw = to(device, mamba2_inputs(2, 9))
     out, final = mamba_chunk_scan_combined(
         kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 4, D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
         initial_states=kw["initial_states"], seq_idx=seq_idx.to(device), dt_softplus=True, return_final_states=True)
     for row, starts in ((0, [0, 3, 7, 9]), (1, [0, 5, 9])):
         for i, (lo, hi) in enumerate(zip(starts, starts[1:])):
-            init = kw["initial_states"][row:row + 1] if row == 0 and i == 0 else torch.zeros_like(
-                kw["initial_states"][:1])
+            init = kw["initial_states"][row:row + 1] if i == 0 else torch.zeros_like(kw["initial_states"][:1])
             piece = {k: v[row:row + 1, lo:hi] for k, v in kw.items() if k in ("x", "dt", "B", "C", "z")}
             ref = mamba2_scan_ref(**piece, A=kw["A"], D=kw["D"], dt_bias=kw["dt_bias"], initial_states=init,
                                   dt_softplus=True)
             assert_rel_close(out[row:row + 1, lo:hi], ref.y, TOL, f"row {row} sequence {i}")
         assert_rel_close(final[row:row + 1], ref.final_states, TOL, f"row {row} final state")
+
+
+@pytest.mark.parametrize("labels", [[1, 1, 1, 2, 2, 2], [-1, -1, 0, 0, 0, 0]])
+def test_chunk_scan_refuses_initial_states_for_a_row_without_label_0_first(labels):
+    """Where the row's first sequence is not labelled 0, mamba_ssm drops the initial state or
+    decays it through the tokens before label 0, by its chunk size: refused, not guessed. The same
+    labels without initial states are served, the first run being a sequence like any other."""
+    kw = mamba2_inputs(2, 6)
+    seq_idx = torch.tensor([[0] * 6, labels])
+    args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 4)
+    with pytest.raises(ValueError, match=f"row 1 starts with seq_idx {labels[0]}"):
+        mamba_chunk_scan_combined(*args, initial_states=kw["initial_states"], seq_idx=seq_idx)
+    out = mamba_chunk_scan_combined(*args, seq_idx=seq_idx)
+    lo = labels.index(labels[-1])
+    for a, b in ((0, lo), (lo, 6)):
+        ref = mamba2_scan_ref(**{k: kw[k][1:, a:b] for k in ("x", "dt", "B", "C")}, A=kw["A"])
+        assert_rel_close(out[1:, a:b], ref.y, TOL, f"tokens {a}..{b}")
 
 
 @pytest.mark.parametrize("changes, error, message", [

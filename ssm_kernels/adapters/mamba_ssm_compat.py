@@ -22,8 +22,8 @@ Sequences in ``mamba_chunk_scan_combined``: ``seq_idx`` (batch, seqlen) labels e
 sequence; a sequence is a run of equal labels (mamba_ssm resets the state where the label
 changes), and labels must not decrease along a row. ``initial_states[b]`` is the state before
 row b's sequence 0, as in mamba_ssm, whose state passing starts at label 0; a row that does not
-start with label 0 is refused when initial_states is given (mamba_ssm would silently drop the
-state). ``cu_seqlens`` is needed only for ``return_varlen_states``; with seq_idx it must agree.
+start with label 0 is refused when initial_states is given (mamba_ssm drops the state there, or
+decays it through the tokens before label 0, depending on where its chunks end). ``cu_seqlens`` is needed only for ``return_varlen_states``; with seq_idx it must agree.
 
 Where this module deliberately differs from mamba_ssm 2.3.2:
 - varlen states with initial states: mamba_ssm's ``chunk_state_varlen`` adds the incoming state
@@ -184,8 +184,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         B, C: (batch, seqlen, ngroups, dstate); chunk_size: a positive int (the recurrent scan
             needs no chunks; it is checked and otherwise ignored);
         D: (nheads, headdim) or (nheads,); z: like x; dt_bias: (nheads,);
-        initial_states: (batch, nheads, headdim, dstate): the state before each row's tokens
-            labelled 0 by seq_idx (before the row without seq_idx);
+        initial_states: (batch, nheads, headdim, dstate): the state before each row (with seq_idx,
+            before its first sequence, which must be labelled 0);
         seq_idx: (batch, seqlen) int, optional: each token's sequence label, non-decreasing along
             a row; the state restarts where the label changes;
         cu_seqlens: (nseq + 1,), needed for return_varlen_states: the sequences whose last states
@@ -247,9 +247,14 @@ def _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens, common)
     if initial_states is not None:
         check_tensor("initial_states", initial_states, [("batch", batch)] + [(n, None) for n in
                                                                               ("nheads", "headdim", "dstate")])
+        unlabelled = [b for b in range(batch) if not label0[b]]
+        if unlabelled:
+            b = unlabelled[0]
+            raise ValueError(f"initial_states is the state before a row's tokens labelled 0, but row {b} starts "
+                             f"with seq_idx {seq_idx[b, 0].item()} (mamba_ssm's result there depends on its chunk "
+                             "size); start every row with label 0, or pass no initial_states")
         init = initial_states.new_zeros(len(bounds) - 1, *initial_states.shape[1:])
-        rows = [b for b in range(batch) if label0[b]]
-        init[[first[b] for b in rows]] = initial_states[rows]
+        init[first] = initial_states
     pack = lambda t: None if t is None else t.reshape(1, batch * seqlen, *t.shape[2:])
     result = mamba2_scan(pack(x), pack(dt), A, pack(B), pack(C), z=pack(z), initial_states=init,
                          cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=x.device), **common)
