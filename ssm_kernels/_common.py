@@ -294,15 +294,19 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
             raise ValueError(f"capture offset {k} for sequence {s} is negative")
         if k > seqs.lengths[s]:
             raise ValueError(f"capture offset {k} for sequence {s} is past its length {seqs.lengths[s]}")
-    entries = sorted((s, k, row) for row, (s, k) in enumerate(pairs))
+    return capture_table([(s, k, row) for row, (s, k) in enumerate(pairs)], seqs.count, device)
+
+
+def capture_table(entries, nseq: int, device: torch.device) -> CaptureTable:
+    """The table of checked (sequence, offset, row) captures of a pass of nseq sequences."""
+    entries = sorted(entries)
     if not entries:
         return NO_CAPTURES
-    counts = [0] * (seqs.count + 1)
+    counts = [0] * (nseq + 1)
     for s, _, _ in entries:
         counts[s + 1] += 1
-    for s in range(seqs.count):
+    for s in range(nseq):
         counts[s + 1] += counts[s]
-
     ptr, offset, row = int_tables(device, counts, [k for _, k, _ in entries], [r for _, _, r in entries])
     return CaptureTable(ptr, offset, row, entries)
 

@@ -57,10 +57,14 @@ def _check_cache(cache, before, final, captured):
         assert torch.equal(cache[slot], want), f"slot {slot}"
 
 
-def _mamba2_case(cache_dtype):
+def _mamba2_case(cache_dtype, states_transposed=False):
+    """Inputs and a cache; with states_transposed each slot's (headdim, dstate) state is stored
+    dstate-major, which the Triton kernels do not write in place (the op stages the captures)."""
     kw = mamba2_inputs(1, sum(LENGTHS))
-    cache = torch.randn(NSLOTS, *kw["initial_states"].shape[1:]).to(cache_dtype)
-    return kw, cache
+    nheads, headdim, dstate = kw["initial_states"].shape[1:]
+    if states_transposed:
+        return kw, torch.randn(NSLOTS, nheads, dstate, headdim).to(cache_dtype).transpose(-1, -2)
+    return kw, torch.randn(NSLOTS, nheads, headdim, dstate).to(cache_dtype)
 
 
 def _mamba2_prefill(batch, kw, cache, out, **options):
@@ -75,11 +79,14 @@ def _mamba1_prefill(batch, kw, cache, out, **options):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_mamba2_chunked_prefill_matches_public_chunked_scan(backend, cache_dtype):
-    kw, cache = _mamba2_case(cache_dtype)
+@pytest.mark.parametrize("cache_dtype, states_transposed", [(torch.float32, False), (torch.bfloat16, False),
+                                                             (torch.float16, False), (torch.float32, True),
+                                                             (torch.bfloat16, True)])
+def test_mamba2_chunked_prefill_matches_public_chunked_scan(backend, cache_dtype, states_transposed):
+    kw, cache = _mamba2_case(cache_dtype, states_transposed)
     kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
     cache = cache.to(torch.get_default_device())
+    assert (cache.stride(-1) == 1) != states_transposed
     before = cache.clone()
     out = torch.full_like(kw["x"][0], float("nan"))
     _mamba2_prefill(_batch(), kw, cache, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)

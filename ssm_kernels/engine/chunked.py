@@ -3,11 +3,14 @@ engine's batch, with states read from and written to the cache by slot.
 
 A thin layer around the public chunked pipelines: gather the rows' initial states from their
 slots (zeros where a row starts fresh), run the chunked scan on the packed pass with the chunk
-grid at the rows' absolute start positions, then store the final states and captures into their
-slots rounded to the cache's dtype to nearest even, as the recurrent kernels store them. Unlike
-the recurrent path this allocates per call: the chunked workspace, the gathered initial states,
-the float32 final and captured states (and a staging output when a skipped row has tokens). The
-index tables are built once per step, on the first layer, and kept on the batch.
+grid at the rows' absolute start positions, then store the final states into their slots rounded
+to the cache's dtype to nearest even, as the recurrent kernels store them. Captures go straight
+into their slots, rounded the same way by the kernels (their capture rows are the slots), so no
+copy moves them; only the Triton Mamba-2 kernels, which need each state contiguous, stage them
+in a float32 buffer when the cache's states are not. Unlike the recurrent path this allocates per
+call: the chunked workspace, the gathered initial states, the float32 final states (and a
+staging output when a skipped row has tokens). The index tables are built once per step, on the
+first layer, and kept on the batch.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import CaptureTable, Sequences, make_capture_table
+from .._common import CaptureTable, Sequences, capture_table
 from ..scan import chunked, mamba1_chunked
 from ..scan.chunked import make_plan, run_chunked_torch, run_chunked_triton
 from ..scan.mamba2 import mamba2_problem
@@ -28,9 +31,8 @@ class ChunkedStep:
 
     gather: (nseq,) slot each row's initial state is read from (0 for rows that read none);
     fresh: rows that start from zeros (no initial state, or skipped);
-    seqs, captures: the pass for the chunked scan, its capture rows numbered 0..ncapture-1;
+    seqs, captures: the pass for the chunked scan, each capture's row its slot;
     final_rows, final_slots: live rows and the slots their final states go to;
-    capture_slots: (ncapture,) the slot of each capture row;
     live_tokens: token indices of the live rows when a skipped row has tokens, else None (the
         scan then writes `out` directly).
     """
@@ -41,7 +43,6 @@ class ChunkedStep:
     captures: CaptureTable
     final_rows: torch.Tensor
     final_slots: torch.Tensor
-    capture_slots: torch.Tensor
     live_tokens: torch.Tensor | None
 
 
@@ -63,9 +64,8 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
         gather=index([slot if r else 0 for slot, r in zip(host.slots, reads)]),
         fresh=index([s for s, r in enumerate(reads) if not r]),
         seqs=seqs,
-        captures=make_capture_table([(s, k) for s, k, _ in host.captures], seqs, device),
+        captures=capture_table(host.captures, seqs.count, device),
         final_rows=index(live), final_slots=index([host.slots[s] for s in live]),
-        capture_slots=index([slot for _, _, slot in host.captures]),
         live_tokens=index([t for s in live for t in range(bounds[s], bounds[s + 1])]) if skipped_tokens else None)
     host.prepared["step"] = step
     return step
@@ -90,10 +90,17 @@ def _initial_states(step: ChunkedStep, cache: torch.Tensor) -> torch.Tensor:
     return init.index_fill_(0, step.fresh, 0.0)
 
 
-def _store(step: ChunkedStep, cache, final, captured) -> None:
+def _store_final(step: ChunkedStep, cache, final) -> None:
     cache.index_copy_(0, step.final_slots, final.index_select(0, step.final_rows).to(cache.dtype))
-    if step.capture_slots.numel():
-        cache.index_copy_(0, step.capture_slots, captured.to(cache.dtype))
+
+
+def _staged_captures(step: ChunkedStep, cache) -> tuple[torch.Tensor, CaptureTable, torch.Tensor]:
+    """A float32 buffer for the captures, their table with rows numbered 0..ncapture-1, and the
+    slot of each row (for a cache the kernels cannot write in place)."""
+    entries = step.captures.entries
+    table = capture_table([(s, k, row) for row, (s, k, _) in enumerate(entries)], step.seqs.count, cache.device)
+    slots = torch.tensor([slot for _, _, slot in entries], dtype=torch.int64, device=cache.device)
+    return torch.empty(len(entries), *cache.shape[1:], dtype=torch.float32, device=cache.device), table, slots
 
 
 def _staged(step: ChunkedStep, out: torch.Tensor) -> torch.Tensor:
@@ -109,21 +116,24 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
                    backend: str, chunk_size: int) -> None:
     """mamba2_prefill's chunked algorithm; arguments validated (x: (ntokens, nheads, headdim))."""
     step = _step(batch)
-    plan = batch.host.prepared.get(("mamba2", chunk_size))
-    if plan is None:
-        plan = make_plan(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
-        batch.host.prepared[("mamba2", chunk_size)] = plan
     nheads, headdim, dstate = ssm_state.shape[1:]
+    # The Triton kernels write a capture inside a chunk as one contiguous (headdim, dstate) block.
+    in_place = backend == "torch" or ssm_state.stride()[2:] == (dstate, 1)
+    captured, captures, slots = (ssm_state, step.captures, None) if in_place else _staged_captures(step, ssm_state)
+    plan = batch.host.prepared.get(("mamba2", chunk_size, in_place))
+    if plan is None:
+        plan = make_plan(step.seqs, captures, chunk_size, batch.host.start_positions, x.device)
+        batch.host.prepared[("mamba2", chunk_size, in_place)] = plan
     final = torch.empty(step.seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
-    captured = torch.empty(step.captures.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
     y = _staged(step, out)
     u = lambda t: None if t is None else t.unsqueeze(0)
     problem = mamba2_problem(u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit,
-                             _initial_states(step, ssm_state), None, step.seqs, step.captures, u(y), final,
-                             captured)
+                             _initial_states(step, ssm_state), None, step.seqs, captures, u(y), final, captured)
     (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
     _unstage(step, out, y, 0)
-    _store(step, ssm_state, final, captured)
+    _store_final(step, ssm_state, final)
+    if slots is not None and slots.numel():
+        ssm_state.index_copy_(0, slots, captured.to(ssm_state.dtype))
 
 
 def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, backend: str,
@@ -133,12 +143,11 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     step = _step(batch)
     dim, dstate = ssm_state.shape[1:]
     final = torch.empty(step.seqs.count, dim, dstate, dtype=torch.float32, device=out.device)
-    captured = torch.empty(step.captures.count, dim, dstate, dtype=torch.float32, device=out.device)
     y = _staged(step, out)
     grouped = lambda t: t.unflatten(1, (ngroups, -1))
     problem = make_problem(y, state_in=grouped(_initial_states(step, ssm_state)), state_index=None,
                            seqs=step.seqs, captures=step.captures, state_out=grouped(final),
-                           captured=grouped(captured))
+                           captured=grouped(ssm_state))
     mamba1_chunked.run(problem, backend, chunk_size, batch.host.start_positions)
     _unstage(step, out, y, 1)
-    _store(step, ssm_state, final, captured)
+    _store_final(step, ssm_state, final)

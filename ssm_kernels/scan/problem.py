@@ -54,7 +54,8 @@ class ScanProblem:
     Outputs (written by the backend):
         y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32
             (or state_in's dtype for a decode state pool: stored rounded, computed in float32);
-        captured: (ncapture, nheads, headdim, dstate) float32.
+        captured: (ncapture, nheads, headdim, dstate) float32, row captures.row[i] taking
+            capture i; an engine passes its cache, rows being slots (stored rounded to its dtype).
     """
 
     x: torch.Tensor

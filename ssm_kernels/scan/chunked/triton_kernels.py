@@ -226,11 +226,12 @@ def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, start_rows_ptr,
         b_decay = tl.load(decay_ptr + c * nheads + i_h)
         tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
         row = tl.load(start_rows_ptr + c) + 0 * o  # [BLOCK], one value
-        tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, state, mask=m & (row >= 0))
+        b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
+        tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, b_cap, mask=m & (row >= 0))
         state = b_decay * state + b_own
     tl.store(state_out_ptr + i_s * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n, state, mask=m)
     row = tl.load(end_rows_ptr + i_s) + 0 * o
-    tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, state, mask=m & (row >= 0))
+    tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, cast_for_store(state, p_cap.dtype.element_ty), mask=m & (row >= 0))
 
 
 @triton.jit
@@ -263,6 +264,7 @@ def _inner_capture(cs_ptr, start_ptr, inner_ptr, partial_ptr, captured_ptr, i_r,
             b_S0 = tl.load(p_S0 + o_w, mask=o_w < size // WORD, other=0)
             b_part = tl.load(p_part + o_w, mask=o_w < size // WORD, other=0)
         b_state = b_decay * as_f32(b_S0, PAIRS, IS_BF16) + as_f32(b_part, PAIRS, IS_BF16)
+        b_state = cast_for_store(b_state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
         if EVEN:
             tl.store(p_cap + o, b_state)
         else:

@@ -152,7 +152,7 @@ def _mamba1_chunk_kernel(
         # Captures at offset 0: the initial state.
         while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=-1) == 0:
             p_cap = captured_ptr + tl.load(cap_row_ptr + c) * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
-            tl.store(p_cap + o_n2 * s_cap_n, h0, mask=m_n2)
+            tl.store(p_cap + o_n2 * s_cap_n, cast_for_store(h0, p_cap.dtype.element_ty), mask=m_n2)
             c += 1
 
     # Triton's software pipeline loads the next chunks' inputs while one is computed.
@@ -184,7 +184,8 @@ def _mamba1_chunk_kernel(
             while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=lo + CHUNK + 1) <= lo + CHUNK:
                 at = tl.load(cap_offset_ptr + c) - 1 - lo  # its position in the chunk
                 p_cap = captured_ptr + tl.load(cap_row_ptr + c) * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
-                tl.store(p_cap + o_n * s_cap_n + o_t * 0, h, mask=m_n & (o_t == at))
+                b_cap = cast_for_store(h, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
+                tl.store(p_cap + o_n * s_cap_n + o_t * 0, b_cap, mask=m_n & (o_t == at))
                 c += 1
         h0 = _last_token(h, CHUNK)  # past the pass's end the tokens are identities: the final state
 
