@@ -31,7 +31,9 @@ two sizes launched the same kernels in the same order.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import inspect
 import json
 import subprocess
@@ -128,6 +130,24 @@ class _Counter:
         return out
 
 
+@functools.lru_cache(maxsize=None)
+def statement_spans(path: str) -> dict[int, tuple[int, int]]:
+    """Each line of a source file -> the lines of the statement it belongs to (of a compound
+    statement, its header: the statements of its body are their own)."""
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return {}
+    spans = {}
+    for node in ast.walk(tree):  # outer statements first: an inner one takes its own lines
+        if isinstance(node, ast.stmt):
+            body = getattr(node, "body", None)
+            end = body[0].lineno - 1 if isinstance(body, list) and body else node.end_lineno
+            span = (node.lineno, max(node.lineno, end))
+            spans.update({line: span for line in range(span[0], span[1] + 1)})
+    return spans
+
+
 def _install_counting(counter: _Counter, lines: bool):
     """Wrap the interpreter builder's memory, dot and transcendental ops so that they add to
     `counter`, and (lines) count the lines the kernels' (rewritten) code runs, which takes most
@@ -192,8 +212,18 @@ def _install_counting(counter: _Counter, lines: bool):
             if frame.f_code not in kernel_code:
                 return None
 
+        # Python reports a line again when a statement spread over several lines comes back to
+        # it (after a call on the next line, say): a line counts once per run of its statement.
+        statement = {"span": None, "lines": set()}
+
         def on_line(frame, event, arg):
             if event == "line":
+                span = statement_spans(frame.f_code.co_filename).get(frame.f_lineno)
+                if span is None or span != statement["span"]:
+                    statement["span"], statement["lines"] = span, set()
+                elif frame.f_lineno in statement["lines"]:
+                    return on_line
+                statement["lines"].add(frame.f_lineno)
                 key = where(frame)
                 counter.lines[key] += counter.weight
                 if key not in counter.seen:
