@@ -30,9 +30,9 @@ dimensions; scratch tensors are contiguous, laid out (chunk or capture, head or 
    costs a multiply instead of an exp; the diagonal block takes one exp per element.
    The grid rows past the chunks finish the captures inside chunks, one (capture, head) a
    program: exp(cs_{j-1}) S0 + partial, both as stored in the matmul dtype. These programs share
-   the launch with y's, so that their memory traffic overlaps y's arithmetic (the output kernel
-   is issue-bound; kernels 3 and 4 are memory-bound, and a capture adds to them only its
-   partial, in the matmul dtype).
+   the launch with y's, so that their memory traffic overlaps y's arithmetic where the output
+   kernel has bandwidth to spare (kernels 3 and 4 are memory-bound, and a capture adds to them
+   only its partial, in the matmul dtype).
 
 The capture work runs after (kernel 3) or beside (kernel 5) the y and state computations and
 writes only its own buffers, so captures cannot change a bit of y or of the final states; and
