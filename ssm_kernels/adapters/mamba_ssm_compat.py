@@ -23,7 +23,8 @@ sequence; a sequence is a run of equal labels (mamba_ssm resets the state where 
 changes), and labels must not decrease along a row. ``initial_states[b]`` is the state before
 row b's sequence 0, as in mamba_ssm, whose state passing starts at label 0; a row that does not
 start with label 0 is refused when initial_states is given (mamba_ssm drops the state there, or
-decays it through the tokens before label 0, depending on where its chunks end). ``cu_seqlens`` is needed only for ``return_varlen_states``; with seq_idx it must agree.
+decays it through the tokens before label 0, depending on where its chunks end). ``cu_seqlens``
+is needed only for ``return_varlen_states``; with seq_idx it must agree.
 
 Where this module deliberately differs from mamba_ssm 2.3.2:
 - varlen states with initial states: mamba_ssm's ``chunk_state_varlen`` adds the incoming state
@@ -247,9 +248,8 @@ def _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens, common)
     if initial_states is not None:
         check_tensor("initial_states", initial_states, [("batch", batch)] + [(n, None) for n in
                                                                               ("nheads", "headdim", "dstate")])
-        unlabelled = [b for b in range(batch) if not label0[b]]
-        if unlabelled:
-            b = unlabelled[0]
+        b = next((b for b in range(batch) if not label0[b]), None)
+        if b is not None:
             raise ValueError(f"initial_states is the state before a row's tokens labelled 0, but row {b} starts "
                              f"with seq_idx {seq_idx[b, 0].item()} (mamba_ssm's result there depends on its chunk "
                              "size); start every row with label 0, or pass no initial_states")
