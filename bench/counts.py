@@ -48,10 +48,9 @@ CACHE_LINE = 128  # bytes: programs share data when they touch a common line
 
 
 # Grid axes along which a kernel's programs are not alike, so that the two ends cannot stand for
-# the rest: sampling runs them in full. Along axis 0 (chunks) of the chunked scan's state and
-# output kernels, the chunks with inner captures do more work, and the output kernel's rows past
-# the chunks are the captures'.
-UNALIKE_AXES = {"_chunk_state_kernel": (0,), "_chunk_output_kernel": (0,)}
+# the rest: sampling runs them in full. Along axis 0 of the chunked scan's state kernel, the rows
+# past the chunks are the inner captures' (a partial each, of a part of a chunk).
+UNALIKE_AXES = {"_chunk_state_kernel": (0,)}
 
 
 def sample_axis(n: int) -> list[int]:

@@ -28,7 +28,7 @@ For one kernel launch on an H200:
               pipe is 16 lanes and the MUFU pipe 4 lanes per scheduler); instructions =
               straight-line SASS x the programs that run it + each loop's SASS x its
               executions (both from the interpreter's line counts, per chain of inlined call
-              sites: a branch that only some programs take, such as the chunked output
+              sites: a branch that only some programs take, such as the chunked state
               kernel's capture programs, counts for those programs only).
     latency = waves x one program's dependent time: the straight-line code (the path most
               programs take) and each loop iteration replayed in order for one warp (an

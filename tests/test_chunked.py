@@ -105,8 +105,8 @@ def test_variants(backend, variant, device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("headdim, dstate", [(12, 10), (5, 7), (16, 16)])
 def test_inner_captures_of_16bit_passes(dtype, headdim, dstate, device):
-    """Captures inside chunks are built from 16-bit stores (the start state, the partial sum): read
-    as pairs when a state has an even size, element by element when odd, in whole or masked steps."""
+    """Captures inside chunks are built from the float32 start state and a 16-bit partial sum, at
+    odd and even state sizes."""
     args, kw = mamba2_positional(mamba2_inputs(2, 40, nheads=3, headdim=headdim, ngroups=1, dstate=dstate,
                                                dtype=dtype, device=device))
     kw.update(dt_softplus=True, capture=[(0, 5), (1, 17), (0, 33), (1, 39), (0, 16)])

@@ -6,11 +6,9 @@ slots (zeros where a row starts fresh), run the chunked scan on the packed pass 
 grid at the rows' absolute start positions, then store the final states into their slots rounded
 to the cache's dtype to nearest even, as the recurrent kernels store them. Captures go straight
 into their slots, rounded the same way by the kernels (their capture rows are the slots), so no
-copy moves them; only the Triton Mamba-2 kernels, which need each state contiguous, stage them
-in a float32 buffer when the cache's states are not. Unlike the recurrent path this allocates per
-call: the chunked workspace, the gathered initial states, the float32 final states (and a
-staging output when a skipped row has tokens). The index tables are built once per step, on the
-first layer, and kept on the batch.
+copy moves them. Unlike the recurrent path this allocates per call: the chunked workspace, the
+gathered initial states, the float32 final states (and a staging output when a skipped row has
+tokens). The index tables are built once per step, on the first layer, and kept on the batch.
 """
 from __future__ import annotations
 
@@ -94,15 +92,6 @@ def _store_final(step: ChunkedStep, cache, final) -> None:
     cache.index_copy_(0, step.final_slots, final.index_select(0, step.final_rows).to(cache.dtype))
 
 
-def _staged_captures(step: ChunkedStep, cache) -> tuple[torch.Tensor, CaptureTable, torch.Tensor]:
-    """A float32 buffer for the captures, their table with rows numbered 0..ncapture-1, and the
-    slot of each row (for a cache the kernels cannot write in place)."""
-    entries = step.captures.entries
-    table = capture_table([(s, k, row) for row, (s, k, _) in enumerate(entries)], step.seqs.count, cache.device)
-    slots = torch.tensor([slot for _, _, slot in entries], dtype=torch.int64, device=cache.device)
-    return torch.empty(len(entries), *cache.shape[1:], dtype=torch.float32, device=cache.device), table, slots
-
-
 def _staged(step: ChunkedStep, out: torch.Tensor) -> torch.Tensor:
     return out if step.live_tokens is None else torch.empty_like(out)
 
@@ -117,23 +106,18 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
     """mamba2_prefill's chunked algorithm; arguments validated (x: (ntokens, nheads, headdim))."""
     step = _step(batch)
     nheads, headdim, dstate = ssm_state.shape[1:]
-    # The Triton kernels write a capture inside a chunk as one contiguous (headdim, dstate) block.
-    in_place = backend == "torch" or ssm_state.stride()[2:] == (dstate, 1)
-    captured, captures, slots = (ssm_state, step.captures, None) if in_place else _staged_captures(step, ssm_state)
-    plan = batch.host.prepared.get(("mamba2", chunk_size, in_place))
+    plan = batch.host.prepared.get(("mamba2", chunk_size))
     if plan is None:
-        plan = make_plan(step.seqs, captures, chunk_size, batch.host.start_positions, x.device)
-        batch.host.prepared[("mamba2", chunk_size, in_place)] = plan
+        plan = make_plan(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
+        batch.host.prepared[("mamba2", chunk_size)] = plan
     final = torch.empty(step.seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
     y = _staged(step, out)
     u = lambda t: None if t is None else t.unsqueeze(0)
     problem = mamba2_problem(u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit,
-                             _initial_states(step, ssm_state), None, step.seqs, captures, u(y), final, captured)
+                             _initial_states(step, ssm_state), None, step.seqs, step.captures, u(y), final, ssm_state)
     (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
     _unstage(step, out, y, 0)
     _store_final(step, ssm_state, final)
-    if slots is not None and slots.numel():
-        ssm_state.index_copy_(0, slots, captured.to(ssm_state.dtype))
 
 
 def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, backend: str,

@@ -34,24 +34,30 @@ class ChunkPlan:
 
     Device tensors (int64):
     chunks: (nchunks, 3): (batch row, first token on the time axis, length).
-    seq_chunks: (nseq + 1,): sequence s owns chunks [seq_chunks[s], seq_chunks[s + 1]).
-    start_rows: (nchunks,): the capture row that takes chunk c's start state, -1 for none.
     end_rows: (nseq,): the capture row that takes sequence s's final state (offset == length,
         which covers empty sequences), -1 for none.
     inner: (ninner, 3): (capture row, chunk, offset j) of each capture inside a chunk
         (0 < j < the chunk's length): the state after the chunk's first j tokens; in chunk order.
+    steps: (nsteps, 8): the state-passing walk, one step a chunk (or one per inner capture of a
+        chunk that has several): (chunk, first, last, start row, inner capture, its row, its
+        offset j, 0 as padding). At its first step (first = 1) a chunk's start state is stored, and captured
+        into capture row `start row` unless that is -1; at its last (last = 1) the walk moves past
+        the chunk; a step whose `inner capture` (an index into inner) is not -1 computes it.
+        A row of zeros follows the last step (the walk reads each row a step ahead).
+    seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
     copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
         sequence and offset asked for again).
-    On the host: chunk_list, inner_list (the same as chunks, inner), seq_chunk_list,
-    start_row_list, end_row_list.
+    On the host: chunk_list, inner_list (the same as chunks, inner), seq_chunk_list (sequence s
+    owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])), start_row_list (the capture row
+    that takes chunk c's start state, -1 for none), end_row_list.
     """
 
     chunk_size: int
     chunks: torch.Tensor
-    seq_chunks: torch.Tensor
-    start_rows: torch.Tensor
     end_rows: torch.Tensor
     inner: torch.Tensor
+    steps: torch.Tensor
+    seq_steps: torch.Tensor
     copy_rows: torch.Tensor
     copy_from: torch.Tensor
     chunk_list: list[tuple[int, int, int]]
@@ -98,9 +104,20 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
         else:
             inner_list.append((row, seq_chunks[s] + c, j))
     inner_list.sort(key=lambda entry: entry[1])
+    by_chunk = [[] for _ in chunk_list]
+    for i, (row, c, j) in enumerate(inner_list):
+        by_chunk[c].append((i, row, j))
+    steps, seq_steps = [], [0]
+    for s in range(seqs.count):
+        for c in range(seq_chunks[s], seq_chunks[s + 1]):
+            inner = by_chunk[c] or [(-1, -1, 0)]
+            steps += [(c, int(k == 0), int(k == len(inner) - 1), start_rows[c] if k == 0 else -1, *capture, 0)
+                      for k, capture in enumerate(inner)]
+        seq_steps.append(len(steps))
+    steps.append((0,) * 8)
 
-    chunks, seq_chunk_t, start_t, end_t, inner, copy_rows, copy_from = int_tables(
-        device, chunk_list, seq_chunks, start_rows, end_rows, inner_list,
+    chunks, end_t, inner, steps_t, seq_steps_t, copy_rows, copy_from = int_tables(
+        device, chunk_list, end_rows, inner_list, steps, seq_steps,
         [r for r, _ in copies], [f for _, f in copies])
-    return ChunkPlan(chunk_size, chunks.view(-1, 3), seq_chunk_t, start_t, end_t, inner.view(-1, 3),
-                     copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)
+    return ChunkPlan(chunk_size, chunks.view(-1, 3), end_t, inner.view(-1, 3), steps_t.view(-1, 8),
+                     seq_steps_t, copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)

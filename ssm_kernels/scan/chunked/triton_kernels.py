@@ -19,32 +19,30 @@ dimensions; scratch tensors are contiguous, laid out (chunk or capture, head or 
    dtype (`partial`), beside the chunks' programs rather than after them.
 4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
    S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
-   output kernel's operand), the final state, and the captures at chunk starts and sequence ends
-   (straight from the state it holds). It streams a flat P*N block per program, so it is many
-   programs moving memory, not one walk per head.
-5. _chunk_output_kernel  (chunk + capture rows, head, M x P block): y = exp(cs) C S0^T + the
-   causal (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block
-   with its mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
+   output kernel's operand), the final state, and the captures: at chunk starts and sequence
+   ends straight from the state it holds, inside a chunk as exp(cs_{j-1}) S0 + partial from the
+   float32 S0 it holds and the partial (kernel 3). It streams a flat P*N block per program, so
+   it is many programs moving memory, not one walk per head; its walk has one step a chunk (one
+   per inner capture where a chunk has several, ChunkPlan.steps), with no loop nested in it.
+5. _chunk_output_kernel  (chunk, head, M x P block): y = exp(cs) C S0^T + the causal
+   (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
+   mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
    exp(cs_i - cs_j) factors through the last token before the row block, r: exp(cs_i - r) per
    row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
    costs a multiply instead of an exp; the diagonal block takes one exp per element.
-   The grid rows past the chunks finish the captures inside chunks, one (capture, head) a
-   program: exp(cs_{j-1}) S0 + partial, both as stored in the matmul dtype. These programs share
-   the launch with y's, so that their memory traffic overlaps y's arithmetic where the output
-   kernel has bandwidth to spare (kernels 3 and 4 are memory-bound, and a capture adds to them
-   only its partial, in the matmul dtype).
 
-The capture work runs after (kernel 3) or beside (kernel 5) the y and state computations and
-writes only its own buffers, so captures cannot change a bit of y or of the final states; and
-every kernel is the same binary with or without captures (their tables are passed either way,
-their counts are not specialised on).
+The capture work writes only its own buffers, and the walk's extra steps for a chunk's further
+inner captures leave its state as it is, so captures cannot change a bit of y or of the final
+states; and every kernel is the same binary with or without captures (their tables are passed either way,
+their counts are not specialised on). An inner capture costs its partial in the matmul dtype
+(written by kernel 3, read by kernel 4) and its own store.
 
 Matmuls: bfloat16 and float16 inputs multiply in bfloat16 (MATMUL_DTYPES: float16's range is too
 small for the chunk-start states and C B^T) with float32 accumulation (tensor cores: wgmma on
 Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
 (input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
-Inner captures of 16-bit passes are thus built from two matmul-dtype roundings (S0 and
-partial): a little above the final state's error, within the 1e-2 of every 16-bit result.
+Inner captures of 16-bit passes carry one matmul-dtype rounding more than the final state (their
+partial's), within the 1e-2 of every 16-bit result.
 """
 from __future__ import annotations
 
@@ -53,7 +51,7 @@ import triton
 import triton.language as tl
 
 from ..problem import ScanProblem
-from ..._triton import (INTERPRETED, as_f32, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
+from ..._triton import (INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         strides_or_zeros)
 from .plan import ChunkPlan
 
@@ -202,12 +200,21 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
 
 
 @triton.jit
-def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, start_rows_ptr, end_rows_ptr,
-                          state_in_ptr, start_ptr, state_out_ptr, captured_ptr,
+def _step_row(steps_ptr, t):
+    """Row t of ChunkPlan.steps: (chunk, first, last, start row, inner capture, its row, j)."""
+    p = steps_ptr + t * 8
+    return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
+            tl.load(p + 6))
+
+
+@triton.jit
+def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_ptr, end_rows_ptr,
+                          partial_ptr, state_in_ptr, start_ptr, state_out_ptr, captured_ptr,
                           headdim, dstate, nheads,
                           s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                           s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                          HAS_INITIAL_STATE: tl.constexpr, BLOCK: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                          HAS_INITIAL_STATE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                          DOT_DTYPE: tl.constexpr):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     size = headdim * dstate
@@ -220,75 +227,48 @@ def _state_passing_kernel(states_ptr, decay_ptr, seq_chunks_ptr, start_rows_ptr,
         state = tl.load(state_in_ptr + i_s * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n, mask=m, other=0.0)
     else:
         state = tl.zeros([BLOCK], dtype=tl.float32)
-    for c in range(tl.load(seq_chunks_ptr + i_s), tl.load(seq_chunks_ptr + i_s + 1)):
+    # One step a chunk, or one per inner capture (ChunkPlan.steps): a loop nested in the walk
+    # would keep the compiler from pipelining it. Each step's table row is loaded a step ahead,
+    # so that the step's own loads wait on nothing but their issue.
+    t0 = tl.load(seq_steps_ptr + i_s)
+    c, first, last, start_row, i_r, row, j = _step_row(steps_ptr, t0)
+    for t in range(t0, tl.load(seq_steps_ptr + i_s + 1)):
+        # the next row (the table ends with a padding row)
+        c_n, first_n, last_n, start_row_n, i_r_n, row_n, j_n = _step_row(steps_ptr, t + 1)
+        # [BLOCK] vectors of one value: masks must match the block
+        is_first, is_last, start_rows, rows = first + 0 * o != 0, last + 0 * o != 0, start_row + 0 * o, row + 0 * o
         o_ch = (c * nheads + i_h) * size + o
-        b_own = tl.load(states_ptr + o_ch, mask=m, other=0.0)  # the chunk's own contribution (kernel 3)
+        # Loads first, so that their latencies overlap: the chunk's own contribution and decay
+        # (kernel 3, at its last step), and an inner capture's partial and log decay.
+        b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0)
         b_decay = tl.load(decay_ptr + c * nheads + i_h)
-        tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
-        row = tl.load(start_rows_ptr + c) + 0 * o  # [BLOCK], one value
+        inner = rows >= 0
+        b_part = tl.load(partial_ptr + (tl.maximum(i_r, 0) * nheads + i_h) * size + o, mask=m & inner, other=0.0)
+        b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
+        # The chunk's start: its start state for the output kernel, and a capture there.
+        tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m & is_first)
         b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-        tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, b_cap, mask=m & (row >= 0))
-        state = b_decay * state + b_own
+        tl.store(p_cap + tl.maximum(start_rows, 0) * s_cap_r, b_cap, mask=m & (start_rows >= 0))
+        # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
+        b_in = exp2_flush(b_cs) * state + b_part.to(tl.float32)
+        tl.store(p_cap + tl.maximum(rows, 0) * s_cap_r, cast_for_store(b_in, p_cap.dtype.element_ty), mask=m & inner)
+        state = tl.where(is_last, b_decay * state + b_own, state)
+        c, first, last, start_row, i_r, row, j = c_n, first_n, last_n, start_row_n, i_r_n, row_n, j_n
     tl.store(state_out_ptr + i_s * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n, state, mask=m)
     row = tl.load(end_rows_ptr + i_s) + 0 * o
     tl.store(p_cap + tl.maximum(row, 0) * s_cap_r, cast_for_store(state, p_cap.dtype.element_ty), mask=m & (row >= 0))
 
 
 @triton.jit
-def _inner_capture(cs_ptr, start_ptr, inner_ptr, partial_ptr, captured_ptr, i_r, i_h, headdim, dstate, nheads,
-                   s_cap_r, s_cap_h, CHUNK: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                   PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
-    """Head i_h of inner capture i_r, the state after the first j tokens of chunk c:
-    exp(cs_{j-1}) S0 + their contribution (kernel 3), S0 being c's start state (kernel 4), both as
-    stored, in the matmul dtype. Each (headdim, dstate) state is contiguous: steps of BLOCK
-    elements as [1, BLOCK // 4, 4] tiles (EVEN: a whole number of steps, no masks). With PAIRS,
-    start_ptr and partial_ptr address the 16-bit states as 32-bit words of two elements, unpacked
-    in registers: each thread then holds the 4 consecutive elements it stores (16-bit loads would
-    take 8, and a shuffle through shared memory to meet the fp32 store)."""
-    row = tl.load(inner_ptr + i_r * 3)
-    i_c = tl.load(inner_ptr + i_r * 3 + 1)
-    j = tl.load(inner_ptr + i_r * 3 + 2)
-    b_decay = exp2_flush(tl.load(cs_ptr + (i_c * nheads + i_h) * CHUNK + j - 1))
-    size = headdim * dstate
-    WORD: tl.constexpr = 2 if PAIRS else 1  # elements a load reads
-    p_S0 = start_ptr + (i_c * nheads + i_h) * (size // WORD)
-    p_part = partial_ptr + (i_r * nheads + i_h) * (size // WORD)
-    p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h
-    o_r = tl.arange(0, BLOCK // 4)[None, :, None]
-    for o0 in range(0, size, BLOCK):
-        o_w = o0 // WORD + o_r * (4 // WORD) + tl.arange(0, 4 // WORD)[None, None, :]  # the words
-        o = o0 + o_r * 4 + tl.arange(0, 4)[None, None, :]  # their elements
-        if EVEN:
-            b_S0, b_part = tl.load(p_S0 + o_w), tl.load(p_part + o_w)
-        else:
-            b_S0 = tl.load(p_S0 + o_w, mask=o_w < size // WORD, other=0)
-            b_part = tl.load(p_part + o_w, mask=o_w < size // WORD, other=0)
-        b_state = b_decay * as_f32(b_S0, PAIRS, IS_BF16) + as_f32(b_part, PAIRS, IS_BF16)
-        b_state = cast_for_store(b_state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-        if EVEN:
-            tl.store(p_cap + o, b_state)
-        else:
-            tl.store(p_cap + o, b_state, mask=o < size)
-
-
-@triton.jit(do_not_specialize=["nchunks", "n_inner"])
 def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
                          headdim, dstate, nheads, heads_per_group, n_pblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                         nchunks, n_inner, inner_ptr, start_words_ptr, partial_ptr, captured_ptr, s_cap_r, s_cap_h,
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, CHUNK: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                         DOT_DTYPE: tl.constexpr, CAPTURE_BLOCK: tl.constexpr, CAPTURE_EVEN: tl.constexpr,
-                         PAIRS: tl.constexpr, IS_BF16: tl.constexpr):
+                         DOT_DTYPE: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    if i_c >= nchunks:  # the rows past the chunks: one inner capture a program, along axis 2, then axis 0
-        i_r = (i_c - nchunks) * tl.num_programs(2) + tl.program_id(2)
-        if i_r < n_inner:
-            _inner_capture(cs_ptr, start_words_ptr, inner_ptr, partial_ptr, captured_ptr, i_r, i_h, headdim, dstate,
-                           nheads, s_cap_r, s_cap_h, CHUNK, CAPTURE_BLOCK, CAPTURE_EVEN, PAIRS, IS_BF16)
-        return
     i_m = tl.program_id(2) // n_pblocks
     i_p = tl.program_id(2) % n_pblocks
     i_g = i_h // heads_per_group
@@ -370,7 +350,6 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
         PASS_BLOCK=1024,  # flat state elements per state-passing program
-        CAPTURE_BLOCK=max(16, min(8192, triton.next_power_of_2(headdim * dstate))),  # steps of an inner capture
         num_warps=4, num_stages=3 if wide else 2,
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
@@ -422,25 +401,18 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if nseq:
         _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
-            ptr_or(states, out), ptr_or(decay, out), plan.seq_chunks, ptr_or(plan.start_rows, plan.seq_chunks),
-            plan.end_rows, ptr_or(p.state_in, out), ptr_or(start, out), out, ptr_or(captured, out),
+            ptr_or(states, out), ptr_or(decay, out), ptr_or(cs_s, out), plan.seq_steps, ptr_or(plan.steps, plan.seq_steps),
+            plan.end_rows, ptr_or(partial, ptr_or(start, out)),
+            ptr_or(p.state_in, out), ptr_or(start, out), out, ptr_or(captured, out),
             headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
-            HAS_INITIAL_STATE=p.state_in is not None, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
+            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=chunk, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
     if nchunks:
-        # The inner captures take the grid rows past the chunks, one capture a program; their
-        # states are contiguous (headdim, dstate) blocks, as mamba2_scan allocates them.
-        assert captured.stride()[2:] == (dstate, 1)
         row_programs = chunk // bm * n_pblocks
-        pairs = mm_dtype != f32 and headdim * dstate % 2 == 0  # 16-bit states read as 32-bit words
-        words = (lambda t: t.view(-1).view(torch.int32)) if pairs else (lambda t: t)
-        _chunk_output_kernel[(nchunks + triton.cdiv(ninner, row_programs), nheads, row_programs)](
+        _chunk_output_kernel[(nchunks, nheads, row_programs)](
             p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, cb, start,
             headdim, dstate, nheads, heads_per_group, n_pblocks,
             *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-            nchunks, ninner, inner, words(start), words(ptr_or(partial, start)), ptr_or(captured, out),
-            *captured.stride()[:2],
             HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd,
-            CAPTURE_BLOCK=cfg["CAPTURE_BLOCK"], CAPTURE_EVEN=headdim * dstate % cfg["CAPTURE_BLOCK"] == 0,
-            PAIRS=pairs, IS_BF16=mm_dtype == torch.bfloat16, **dot, **cfg["output"])
+            **dot, **cfg["output"])
     if plan.copy_rows.numel():
         captured[plan.copy_rows] = captured[plan.copy_from]
