@@ -80,6 +80,26 @@ def _scan(algorithm, captures, on_grid=False):
     return run
 
 
+def _engine_prefill(captures, on_grid=False):
+    """mamba2_prefill's chunked algorithm on one fresh row, states in a bfloat16 cache (vLLM's
+    default SSM cache dtype for these models): captures go straight into their slots."""
+    def run(shape, tokens, new):
+        from ssm_kernels.engine import mamba2_prefill, prefill_batch
+        i = _mamba2(shape, tokens, new)
+        offsets = capture_offsets(tokens, on_grid=on_grid) if captures else []
+        index = lambda values: torch.tensor(values, dtype=torch.int64)
+        cap = dict(capture_seq=index([s for s, _ in offsets]), capture_offset=index([k for _, k in offsets]),
+                   capture_slot=index(range(1, len(offsets) + 1))) if offsets else {}
+        batch = prefill_batch(index([0, tokens]), index([0]), has_initial_state=torch.tensor([False]),
+                              start_positions=[0], **cap)
+        cache = new(1 + len(offsets), shape.nheads, shape.headdim, shape.dstate)
+        sq = lambda t: t.squeeze(0)
+        mamba2_prefill(batch, sq(i["x"]), sq(i["dt"]), i["A"], sq(i["B"]), sq(i["C"]), ssm_state=cache,
+                       out=torch.empty_like(sq(i["x"])), D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
+                       backend="triton", algorithm="chunked", chunk_size=CHUNK)
+    return run
+
+
 def _state_update(shape, batch, new):
     from ssm_kernels import selective_state_update
     i = _decode(shape, batch, new)
@@ -125,6 +145,15 @@ WORKLOADS = {w.name: w for w in (
     Workload("mamba2_scan chunked + 8 grid captures", "prefill", "mamba2", _scan("chunked", True, on_grid=True),
              "mamba_chunk_scan_combined", "the same with the 8 captures at chunk starts, as planned on the grid",
              captures=8, chunked=True),
+    Workload("mamba2_prefill chunked, bf16 cache", "prefill", "mamba2", _engine_prefill(False),
+             "mamba_chunk_scan_combined", "the engine op (ssm_kernels.engine) on one fresh row, a bfloat16 state "
+             "cache", chunked=True),
+    Workload("mamba2_prefill chunked, bf16 cache + 8 captures", "prefill", "mamba2", _engine_prefill(True),
+             "mamba_chunk_scan_combined", "the same with 8 captures written into cache slots", captures=8,
+             chunked=True),
+    Workload("mamba2_prefill chunked, bf16 cache + 8 grid captures", "prefill", "mamba2",
+             _engine_prefill(True, on_grid=True), "mamba_chunk_scan_combined",
+             "the same with the 8 captures at chunk starts", captures=8, chunked=True),
     Workload("selective_state_update", "decode", "mamba2", _state_update, "selective_state_update",
              "one decode token per row, state pool of batch slots"),
     Workload("mamba1_scan recurrent", "prefill", "mamba1", _mamba1("recurrent"), "selective_scan_fn",
