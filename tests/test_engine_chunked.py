@@ -59,7 +59,7 @@ def _check_cache(cache, before, final, captured):
 
 def _mamba2_case(cache_dtype, states_transposed=False):
     """Inputs and a cache; with states_transposed each slot's (headdim, dstate) state is stored
-    dstate-major, which the Triton kernels do not write in place (the op stages the captures)."""
+    dstate-major (the kernels write captures at the cache's strides)."""
     kw = mamba2_inputs(1, sum(LENGTHS))
     nheads, headdim, dstate = kw["initial_states"].shape[1:]
     if states_transposed:
