@@ -38,12 +38,13 @@ class ChunkPlan:
         which covers empty sequences), -1 for none.
     inner: (ninner, 3): (capture row, chunk, offset j) of each capture inside a chunk
         (0 < j < the chunk's length): the state after the chunk's first j tokens; in chunk order.
-    steps: (nsteps, 8): the state-passing walk, one step a chunk (or one per inner capture of a
-        chunk that has several): (chunk, first, last, start row, inner capture, its row, its
-        offset j, 0 as padding). At its first step (first = 1) a chunk's start state is stored, and captured
-        into capture row `start row` unless that is -1; at its last (last = 1) the walk moves past
-        the chunk; a step whose `inner capture` (an index into inner) is not -1 computes it.
-        A row of zeros follows the last step (the walk reads each row a step ahead).
+    steps: (nsteps + 1, 8): the state-passing walk, one step a chunk (or one per inner capture
+        of a chunk that has several): (chunk, first, last, start row, inner capture, its row,
+        its offset j, 0 as padding). At its first step (first = 1) a chunk's start state is
+        stored, and captured into capture row `start row` unless that is -1; at its last
+        (last = 1) the walk moves past the chunk; a step whose `inner capture` (an index into
+        inner) is not -1 computes it. A row of zeros follows the last step (the walk reads each
+        row a step ahead).
     seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
     copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
         sequence and offset asked for again).
@@ -111,8 +112,8 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
     for s in range(seqs.count):
         for c in range(seq_chunks[s], seq_chunks[s + 1]):
             inner = by_chunk[c] or [(-1, -1, 0)]
-            steps += [(c, int(k == 0), int(k == len(inner) - 1), start_rows[c] if k == 0 else -1, *capture, 0)
-                      for k, capture in enumerate(inner)]
+            steps += [(c, int(k == 0), int(k == len(inner) - 1), start_rows[c] if k == 0 else -1,
+                       *capture, 0) for k, capture in enumerate(inner)]
         seq_steps.append(len(steps))
     steps.append((0,) * 8)
 

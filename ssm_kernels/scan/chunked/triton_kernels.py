@@ -401,7 +401,7 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
             CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if nseq:
         _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
-            ptr_or(states, out), ptr_or(decay, out), ptr_or(cs_s, out), plan.seq_steps, ptr_or(plan.steps, plan.seq_steps),
+            ptr_or(states, out), ptr_or(decay, out), ptr_or(cs_s, out), plan.seq_steps, plan.steps,
             plan.end_rows, ptr_or(partial, ptr_or(start, out)),
             ptr_or(p.state_in, out), ptr_or(start, out), out, ptr_or(captured, out),
             headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
