@@ -38,7 +38,7 @@ from . import common, peers as peers_mod, report, workloads as wl  # noqa: E402
 from .common import Budget, Terminated, TimingOptions, rel_error, time_fn  # noqa: E402
 import ssm_kernels  # noqa: E402
 from planner import tail_split_point  # noqa: E402
-from ssm_kernels.scan.chunked import ALGORITHMS, AUTO_CHUNKED_MIN_TOKENS, DEFAULT_CHUNK_SIZE  # noqa: E402
+from ssm_kernels.scan.mamba2_chunked import ALGORITHMS, AUTO_CHUNKED_MIN_TOKENS, DEFAULT_CHUNK_SIZE  # noqa: E402
 
 ELT = 2  # bfloat16 inputs
 CHECK_TOLERANCE = 5e-2  # a peer whose y differs from ours by more (RMS-relative) is flagged

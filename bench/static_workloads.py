@@ -84,7 +84,7 @@ def _engine_prefill(captures, on_grid=False):
     """mamba2_prefill's chunked algorithm on one fresh row, states in a bfloat16 cache (vLLM's
     default SSM cache dtype for these models): captures go straight into their slots."""
     def run(shape, tokens, new):
-        from ssm_kernels.engine import mamba2_prefill, prefill_batch
+        from ssm_kernels.cache_ops import mamba2_prefill, prefill_batch
         i = _mamba2(shape, tokens, new)
         offsets = capture_offsets(tokens, on_grid=on_grid) if captures else []
         index = lambda values: torch.tensor(values, dtype=torch.int64)
@@ -146,7 +146,7 @@ WORKLOADS = {w.name: w for w in (
              "mamba_chunk_scan_combined", "the same with the 8 captures at chunk starts, as planned on the grid",
              captures=8, chunked=True),
     Workload("mamba2_prefill chunked, bf16 cache", "prefill", "mamba2", _engine_prefill(False),
-             "mamba_chunk_scan_combined", "the engine op (ssm_kernels.engine) on one fresh row, a bfloat16 state "
+             "mamba_chunk_scan_combined", "the engine op (ssm_kernels.cache_ops) on one fresh row, a bfloat16 state "
              "cache", chunked=True),
     Workload("mamba2_prefill chunked, bf16 cache + 8 captures", "prefill", "mamba2", _engine_prefill(True),
              "mamba_chunk_scan_combined", "the same with 8 captures written into cache slots", captures=8,

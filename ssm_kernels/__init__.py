@@ -2,9 +2,9 @@
 
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 Subpackages beyond the names below: `ssm_kernels.adapters` (transformers models and
-mamba_ssm-compatible entry points), `ssm_kernels.scan.chunked` (the chunked algorithm's settings),
+mamba_ssm-compatible entry points), `ssm_kernels.scan.mamba2_chunked` (the chunked algorithm's settings),
 `ssm_kernels.scan.reference` and `ssm_kernels.conv.reference` (the float64 references),
-`ssm_kernels.engine` (entry points for serving engines: states in place in a cache by slot).
+`ssm_kernels.cache_ops` (entry points for serving engines: states in place in a cache by slot).
 This package imports nothing of `planner` or `ssm_serving`, which sit above it.
 Forward only: the Triton kernels record no autograd graph (gradients are not part of the interface).
 """

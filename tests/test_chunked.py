@@ -9,7 +9,7 @@ import torch
 from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
 from ssm_kernels._common import Sequences
-from ssm_kernels.scan.chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
+from ssm_kernels.scan.mamba2_chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
 from ssm_kernels.scan.reference import mamba2_scan_ref
 
 BACKENDS = ["triton", "torch"]

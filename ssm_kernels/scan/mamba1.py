@@ -7,7 +7,8 @@ import torch
 
 from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, make_capture_table,
                        make_sequences, new_output, resolve_backend)
-from . import chunked, dispatch, mamba1_chunked
+from . import dispatch, mamba1_chunked
+from .algorithm import check_start_positions
 from .problem import ScanProblem, check_scan_sizes
 
 F32 = (torch.float32,)
@@ -85,7 +86,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     backend = resolve_backend(backend, device)
     algorithm = mamba1_chunked.resolve_algorithm(algorithm, device, seqs)
     chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
-    start_positions = chunked.check_start_positions(start_positions, seqs)
+    start_positions = check_start_positions(start_positions, seqs)
 
     y = new_output(*u.shape, dtype=u.dtype, device=device)
     final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device)

@@ -8,7 +8,8 @@ import torch
 from .._common import (FLOAT_DTYPES, NO_CAPTURES, ScanResult, Sequences, check_bool, check_decode_slots,
                        check_dt_limit, check_inplace_target, check_same_device, check_tensor, make_capture_table,
                        make_sequences, new_output, resolve_backend)
-from . import chunked
+from . import mamba2_chunked
+from .algorithm import check_start_positions
 from . import dispatch
 from .problem import ScanProblem, check_scan_sizes
 
@@ -94,8 +95,8 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         algorithm: "recurrent" (default; exact at any split, one token at a time), "chunked"
             (matmuls inside chunks; fast on GPU for long passes; exact at splits on its chunk grid,
             accurate to rounding elsewhere) or "auto" (recurrent on CPU; on CUDA chunked when the
-            longest sequence has at least ssm_kernels.scan.chunked.AUTO_CHUNKED_MIN_TOKENS
-            tokens). See ssm_kernels.scan.chunked.
+            longest sequence has at least ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS
+            tokens). See ssm_kernels.scan.mamba2_chunked.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
             (default 256). Ignored by "recurrent".
         start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
@@ -125,9 +126,9 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         check_tensor("initial_states", initial_states, state_shape, F32)
     captures = make_capture_table(capture, seqs, device)
     backend = resolve_backend(backend, device)
-    algorithm = chunked.resolve_algorithm(algorithm, device, seqs)
-    chunk_size = chunked.check_chunk_size(chunk_size)
-    start_positions = chunked.check_start_positions(start_positions, seqs)
+    algorithm = mamba2_chunked.resolve_algorithm(algorithm, device, seqs)
+    chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
+    start_positions = check_start_positions(start_positions, seqs)
 
     y = new_output(*x.shape, dtype=x.dtype, device=device)
     final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
@@ -135,7 +136,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     problem = mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
                        seqs, captures, y, final_states, captured)
     if algorithm == "chunked":
-        chunked.run(problem, backend, chunk_size, start_positions)
+        mamba2_chunked.run(problem, backend, chunk_size, start_positions)
     else:
         dispatch.run(problem, backend)
     return ScanResult(y, final_states, captured)

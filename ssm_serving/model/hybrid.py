@@ -21,7 +21,7 @@ from torch import nn
 
 from ssm_kernels import MAX_DSTATE
 from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
-from ssm_kernels.scan.chunked import check_chunk_size
+from ssm_kernels.scan.mamba2_chunked import check_chunk_size
 
 from .blocks import MLP, Attention, KVCache, RMSNorm
 

@@ -6,7 +6,7 @@ plugins as usual, and `SSM_KERNELS_VLLM=0` turns this one off. What it changes:
 
 - `MambaMixer2.conv_ssm_forward` (Mamba-2 layers: Granite-4.0-H, Nemotron-H, Falcon-H1, Zamba2,
   Mamba-2) and `MambaMixer.forward_impl` (Mamba-1: Jamba, Mamba) run the conv, the scan and the
-  decode step on ssm_kernels.engine, writing states in place into vLLM's cache blocks. On vLLM's
+  decode step on ssm_kernels.cache_ops, writing states in place into vLLM's cache blocks. On vLLM's
   CPU build this makes prefix caching work for Mamba-2 (its own CPU scan cannot write the
   checkpoint) and Mamba-1 models run at all (the CPU build has no Mamba-1 scan).
 - In prefix-caching ("align") mode, every block end a prefill pass crosses is captured in that

@@ -1,4 +1,4 @@
-"""vLLM's Mamba mixers' conv + SSM step on ssm_kernels.engine.
+"""vLLM's Mamba mixers' conv + SSM step on ssm_kernels.cache_ops.
 
 `mamba2_conv_ssm_forward` replaces `MambaMixer2.conv_ssm_forward` and `mamba1_forward_impl`
 replaces `MambaMixer.forward_impl`: the same inputs, outputs and cache tensors as vLLM's own, but
@@ -8,7 +8,7 @@ captures.py) written in the same pass. Anything these do not cover (speculative 
 ReplaySSM, the profile run) goes to vLLM's own method.
 
 Prefill scans run the engine's algorithm named by the env SSM_KERNELS_VLLM_PREFILL_ALGORITHM:
-"auto" (default: the chunked scan on CUDA from chunked.AUTO_CHUNKED_MIN_TOKENS tokens, modelled several
+"auto" (default: the chunked scan on CUDA from mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS tokens, modelled several
 times faster than the recurrent one at long passes; the recurrent scan on CPU, where PyTorch's
 chunked path measured slower at the plugin's shapes), "chunked" or "recurrent". The chunked
 scan's grid sits at each request's computed-token count, with the model's chunk size for Mamba-2
@@ -20,8 +20,8 @@ import os
 
 import torch
 
-from ssm_kernels import engine
-from ssm_kernels.scan import chunked
+from ssm_kernels import cache_ops
+from ssm_kernels.scan import mamba2_chunked
 
 from . import captures
 
@@ -33,15 +33,15 @@ ENV_ALGORITHM = "SSM_KERNELS_VLLM_PREFILL_ALGORITHM"
 def prefill_algorithm() -> str:
     """The prefill scans' algorithm: "auto" (default), "chunked" or "recurrent"."""
     value = os.environ.get(ENV_ALGORITHM, "").strip() or "auto"
-    if value not in chunked.ALGORITHMS:
-        raise ValueError(f"{ENV_ALGORITHM} must be one of {chunked.ALGORITHMS}, got {value!r}")
+    if value not in mamba2_chunked.ALGORITHMS:
+        raise ValueError(f"{ENV_ALGORITHM} must be one of {mamba2_chunked.ALGORITHMS}, got {value!r}")
     return value
 
 
 def _chunk_size(md):
     """vLLM's Mamba-2 chunk size where the chunked scan takes it, else None (its default)."""
     try:
-        return chunked.check_chunk_size(getattr(md, "chunk_size", None))
+        return mamba2_chunked.check_chunk_size(getattr(md, "chunk_size", None))
     except (TypeError, ValueError):
         return None
 
@@ -73,10 +73,10 @@ def _prefill_batch(md):
         validate = _validate(md.query_start_loc_p)
         # The chunked scan plans on the host: its batch reads the step's indices back once.
         positions = getattr(md, "_ssm_start_positions", None) if prefill_algorithm() != "recurrent" else None
-        batch = engine.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
+        batch = cache_ops.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
                                      has_initial_state=md.has_initial_states_p, capture_seq=seq,
                                      capture_offset=offset, capture_slot=slot,
-                                     skip_slot=engine.PAD_SLOT_ID, validate=validate, start_positions=positions)
+                                     skip_slot=cache_ops.PAD_SLOT_ID, validate=validate, start_positions=positions)
         md._ssm_prefill_batch = batch
     return batch
 
@@ -86,7 +86,7 @@ def _decode_batch(md):
     if batch is None:
         slots = md.state_indices_tensor_d[:, 0]
         # Padded decode rows carry NULL_BLOCK_ID (block 0 is never a request's state).
-        batch = engine.decode_batch(slots, skip_slot=engine.NULL_BLOCK_ID, validate=_validate(slots))
+        batch = cache_ops.decode_batch(slots, skip_slot=cache_ops.NULL_BLOCK_ID, validate=_validate(slots))
         md._ssm_decode_batch = batch
     return batch
 
@@ -111,20 +111,20 @@ def mamba2_conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.
     if md.num_prefills > 0:
         batch = _prefill_batch(md)
         conv_out = torch.empty_like(xbc_p)  # (tokens, conv_dim); the engine writes its transpose view
-        engine.conv_prefill(batch, xbc_p.t(), self.conv_weights, self.conv1d.bias, conv_state=conv_state,
+        cache_ops.conv_prefill(batch, xbc_p.t(), self.conv_weights, self.conv1d.bias, conv_state=conv_state,
                             out=conv_out.t(), activation=self.activation)
         x, B, C = scan_inputs(conv_out, npf)
-        engine.mamba2_prefill(batch, x, dt_p, self.A, B, C, ssm_state=ssm_state,
+        cache_ops.mamba2_prefill(batch, x, dt_p, self.A, B, C, ssm_state=ssm_state,
                               out=out_p.view(npf, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
                               dt_softplus=True, dt_limit=(0.0, float("inf")), algorithm=prefill_algorithm(),
                               chunk_size=_chunk_size(md))
     if md.num_decodes > 0:
         batch = _decode_batch(md)
         conv_out = torch.empty_like(xbc_d)
-        engine.conv_decode(batch, xbc_d, self.conv_weights, self.conv1d.bias, conv_state=conv_state,
+        cache_ops.conv_decode(batch, xbc_d, self.conv_weights, self.conv1d.bias, conv_state=conv_state,
                            out=conv_out, activation=self.activation)
         x, B, C = scan_inputs(conv_out, nd)
-        engine.mamba2_decode(batch, x, dt_d, self.A, B, C, ssm_state=ssm_state,
+        cache_ops.mamba2_decode(batch, x, dt_d, self.A, B, C, ssm_state=ssm_state,
                              out=out_d.view(nd, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
                              dt_softplus=True, dt_limit=(0.0, float("inf")))
 
@@ -146,19 +146,19 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
     if md.num_decodes > 0:
         batch = _decode_batch(md)
         conv_out = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
-        engine.conv_decode(batch, xbc[:, :nd].t(), weights, self.conv1d.bias, conv_state=conv_state,
+        cache_ops.conv_decode(batch, xbc[:, :nd].t(), weights, self.conv1d.bias, conv_state=conv_state,
                            out=conv_out, activation=self.activation)
         dt, B, C = self._ssm_transform(conv_out)  # dt: (dim, nd); B, C: (nd, dstate)
-        engine.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y[:nd], D=self.D,
+        cache_ops.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y[:nd], D=self.D,
                              z=gate[:, :nd].t(), delta_bias=time_bias, delta_softplus=True)
     if md.num_prefills > 0:
         batch = _prefill_batch(md)
         xbc_p = xbc[:, nd:nd + npf]
         conv_out = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()  # (dim, tokens)
-        engine.conv_prefill(batch, xbc_p, weights, self.conv1d.bias, conv_state=conv_state, out=conv_out,
+        cache_ops.conv_prefill(batch, xbc_p, weights, self.conv1d.bias, conv_state=conv_state, out=conv_out,
                             activation=self.activation)
         dt, B, C = self._ssm_transform(conv_out.transpose(-2, -1))  # dt: (dim, tokens); B, C: (tokens, dstate)
-        engine.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y[nd:].t(),
+        cache_ops.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y[nd:].t(),
                               D=self.D, z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True,
                               algorithm=prefill_algorithm())
     output[:nd + npf] = self.out_proj(y)[0]

@@ -16,41 +16,21 @@ Algorithms of mamba1_scan:
 """
 from __future__ import annotations
 
-import torch
-
-from ..._common import Sequences
-from .. import chunked
+from ..algorithm import ALGORITHMS, ChunkedRules
 from ..problem import ScanProblem
 from .torch_kernel import run_torch
 from .triton_kernel import run_triton
 
-ALGORITHMS = chunked.ALGORITHMS
 DEFAULT_CHUNK_SIZE = 64
+# A thread holds its chunk's tokens in registers: a smaller ceiling than the Mamba-2 path's.
 MAX_CHUNK_SIZE = 256
 # "auto" takes the chunked path on CUDA from this many tokens in the longest sequence: the
 # recurrent kernel has one warp walk every token of a few channels; below one chunk the chunked
 # kernel only adds work.
 AUTO_CHUNKED_MIN_TOKENS = DEFAULT_CHUNK_SIZE
-
-
-def check_chunk_size(chunk_size) -> int:
-    """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE] (the chunked
-    Mamba-2 path's rule, with a smaller ceiling: a thread holds its chunk's tokens in registers)."""
-    if chunk_size is None:
-        return DEFAULT_CHUNK_SIZE
-    size = chunked.check_chunk_size(chunk_size)
-    if size > MAX_CHUNK_SIZE:
-        raise ValueError(f"chunk_size must be a power of two from 16 to {MAX_CHUNK_SIZE}, got {size}")
-    return size
-
-
-def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
-    """Validate `algorithm` (as mamba2_scan's) and resolve "auto" (see the module doc)."""
-    chunked.resolve_algorithm(algorithm, device, seqs)  # checks the name
-    if algorithm != "auto":
-        return algorithm
-    longest = max(seqs.lengths, default=0)
-    return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
+RULES = ChunkedRules(DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, AUTO_CHUNKED_MIN_TOKENS)
+check_chunk_size = RULES.check_chunk_size
+resolve_algorithm = RULES.resolve_algorithm
 
 
 def run(problem: ScanProblem, backend: str, chunk_size: int, start_positions: list[int]) -> None:

@@ -1,7 +1,7 @@
 """The chunked Mamba-2 scan in PyTorch: the same algorithm as the Triton kernels, written out.
 
 For CPU users (a faster alternative to the recurrent loop) and as the readable statement of
-what the kernels compute. Per sequence, chunk by chunk (the absolute grid of ChunkPlan), in
+what the kernels compute. Per sequence, chunk by chunk (the absolute grid of ChunkTables), in
 float32 whatever the input dtype:
 
     cs = cumsum(dt' * A) inside the chunk                                  (L, H)
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from ..problem import ScanProblem
 from ..torch_kernel import discretize_dt
-from .plan import ChunkPlan
-from .triton_kernels import ZERO_DECAY_LOG2
+from .tables import ChunkTables
+from .triton_kernel import ZERO_DECAY_LOG2
 
 ZERO_DECAY_LOG = ZERO_DECAY_LOG2.value * math.log(2)  # in natural-log units
 
@@ -34,7 +34,7 @@ def _state_after(S0, cs, dt, x, B, j):
     return torch.exp(cs[j - 1])[:, None, None] * S0 + torch.einsum("jh,jhp,jhn->hpn", w, x[:j], B[:j])
 
 
-def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
+def run_chunked_torch(p: ScanProblem, tables: ChunkTables) -> None:
     """Write p.y, p.state_out and p.captured, one sequence and one chunk at a time."""
     assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
     nheads, headdim, dstate, ngroups = p.dims
@@ -44,16 +44,16 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
     D = p.D.float() if p.D is not None else None  # (H, P)
     dt_bias = p.dt_bias[:, 0].float() if p.dt_bias is not None else None  # (H,)
     inner = {}
-    for row, c, j in plan.inner_list:
+    for row, c, j in tables.inner_list:
         inner.setdefault(c, []).append((row, j))
-    seq_chunks = plan.seq_chunk_list
+    seq_chunks = tables.seq_chunk_list
     for s in range(p.seqs.count):
         if p.state_in is not None:
             state = p.state_in[s].float().clone()
         else:
             state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
         for c in range(seq_chunks[s], seq_chunks[s + 1]):
-            b, t0, n = plan.chunk_list[c]
+            b, t0, n = tables.chunk_list[c]
             tok = slice(t0, t0 + n)
             x = p.x[b, tok].to(torch.float32, copy=True)  # (L, H, P)
             B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N), gathered: new tensors
@@ -70,13 +70,13 @@ def run_chunked_torch(p: ScanProblem, plan: ChunkPlan) -> None:
             if p.z is not None:
                 y = y * F.silu(p.z[b, tok].to(torch.float32, copy=True))
             p.y[b, tok] = y
-            if plan.start_row_list[c] >= 0:
-                p.captured[plan.start_row_list[c]] = state
+            if tables.start_row_list[c] >= 0:
+                p.captured[tables.start_row_list[c]] = state
             for row, j in inner.get(c, ()):
                 p.captured[row] = _state_after(state, cs, dt, x, B, j)
             state = _state_after(state, cs, dt, x, B, n)
         p.state_out[s] = state
-        if plan.end_row_list[s] >= 0:
-            p.captured[plan.end_row_list[s]] = state
-    if plan.copy_rows.numel():
-        p.captured[plan.copy_rows] = p.captured[plan.copy_from]
+        if tables.end_row_list[s] >= 0:
+            p.captured[tables.end_row_list[s]] = state
+    if tables.copy_rows.numel():
+        p.captured[tables.copy_rows] = p.captured[tables.copy_from]

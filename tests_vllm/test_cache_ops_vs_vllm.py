@@ -1,4 +1,4 @@
-"""ssm_kernels.engine against vLLM's own CPU ops on vLLM's metadata (chunk tables from its Mamba-2
+"""ssm_kernels.cache_ops against vLLM's own CPU ops on vLLM's metadata (chunk tables from its Mamba-2
 metadata builder, its slot conventions), and both against the float64 reference."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import assert_rel_close  # noqa: E402
 
-from ssm_kernels import engine  # noqa: E402
+from ssm_kernels import cache_ops  # noqa: E402
 from ssm_kernels.scan.reference import mamba2_scan_ref  # noqa: E402
 
 TOL = 1e-5  # float32, RMS-relative
@@ -50,9 +50,9 @@ def test_mamba2_prefill_matches_vllm_cpu_scan():
 
     ours = cache.clone()
     out = torch.empty_like(x)
-    batch = engine.prefill_batch(qsl, slots, has_initial_state=has_init, capture_seq=torch.tensor([2]),
+    batch = cache_ops.prefill_batch(qsl, slots, has_initial_state=has_init, capture_seq=torch.tensor([2]),
                                  capture_offset=torch.tensor([64]), capture_slot=torch.tensor([9]))
-    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=ours, out=out, D=D, dt_bias=dt_bias, dt_softplus=True)
+    cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=ours, out=out, D=D, dt_bias=dt_bias, dt_softplus=True)
 
     ref = mamba2_scan_ref(x[None], dt[None], A, B[None], C[None], D=D, dt_bias=dt_bias, dt_softplus=True,
                           initial_states=init, cu_seqlens=qsl, capture=[(2, 64)])
@@ -77,7 +77,7 @@ def test_conv_prefill_matches_vllm_cpu_conv():
     y_vllm = causal_conv1d_fn_cpu(x, weight, bias, cache_vllm, qsl, cache_indices=slots,
                                   has_initial_state=has_init, activation="silu")
     y = torch.full_like(x, float("nan"))
-    engine.conv_prefill(engine.prefill_batch(qsl, slots, has_initial_state=has_init), x, weight, bias,
+    cache_ops.conv_prefill(cache_ops.prefill_batch(qsl, slots, has_initial_state=has_init), x, weight, bias,
                         conv_state=ours, out=y, activation="silu")
     live = torch.cat([torch.arange(0, 9), torch.arange(11, 44)])
     assert_rel_close(y[:, live], y_vllm[:, live], 1e-6, "conv out")
@@ -101,8 +101,8 @@ def test_decode_matches_vllm_cpu_ops(padded):
                            B, C, D[:, None].expand(H, P), dt_bias=dt_bias[:, None].expand(H, P), dt_softplus=True,
                            state_batch_indices=slots, dst_state_batch_indices=slots, out=out_vllm)
     out = torch.full_like(x, float("nan"))
-    batch = engine.decode_batch(slots, skip_slot=engine.NULL_BLOCK_ID)
-    engine.mamba2_decode(batch, x, dt, A, B, C, ssm_state=ours, out=out, D=D, dt_bias=dt_bias, dt_softplus=True)
+    batch = cache_ops.decode_batch(slots, skip_slot=cache_ops.NULL_BLOCK_ID)
+    cache_ops.mamba2_decode(batch, x, dt, A, B, C, ssm_state=ours, out=out, D=D, dt_bias=dt_bias, dt_softplus=True)
     live = [0, 2] if padded else [0, 1, 2]
     assert_rel_close(out[live], out_vllm[live], TOL, "decode y")
     assert_rel_close(ours, state_vllm, TOL, "decode states")
@@ -112,6 +112,6 @@ def test_decode_matches_vllm_cpu_ops(padded):
     conv_ours = conv_vllm.clone()
     y_vllm = causal_conv1d_update_cpu(xc, conv_vllm, weight, bias, "silu", conv_state_indices=slots)
     y = torch.full_like(xc, float("nan"))
-    engine.conv_decode(batch, xc, weight, bias, conv_state=conv_ours, out=y, activation="silu")
+    cache_ops.conv_decode(batch, xc, weight, bias, conv_state=conv_ours, out=y, activation="silu")
     assert_rel_close(y[live], y_vllm[live], 1e-6, "conv decode out")
     assert torch.equal(conv_ours, conv_vllm), "conv decode states"

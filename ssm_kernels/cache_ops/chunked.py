@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from .._common import CaptureTable, Sequences, capture_table
-from ..scan import chunked, mamba1_chunked
-from ..scan.chunked import make_plan, run_chunked_torch, run_chunked_triton
+from ..scan import mamba1_chunked
+from ..scan.algorithm import ALGORITHMS, ChunkedRules
+from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch, run_chunked_triton
 from ..scan.mamba2 import mamba2_problem
 from .batch import PrefillBatch
 
@@ -69,18 +70,15 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
     return step
 
 
-def resolve(algorithm, batch: PrefillBatch, device, auto_min_tokens: int) -> str:
+def resolve(algorithm, batch: PrefillBatch, device, rules: ChunkedRules) -> str:
     """The algorithm to run, "recurrent" or "chunked": "auto" as the public scans decide, and
     recurrent for a batch without start positions (the chunked grid needs them)."""
-    chunked.resolve_algorithm(algorithm, device, batch.seqs)  # checks the name
-    if algorithm == "chunked" and batch.host is None:
-        raise ValueError("algorithm='chunked' needs each row's absolute start position: build the batch with "
-                         "prefill_batch(..., start_positions=...)")
-    if algorithm != "auto":
-        return algorithm
-    longest = max(batch.seqs.lengths, default=0)
-    use = batch.host is not None and device.type == "cuda" and longest >= auto_min_tokens
-    return "chunked" if use else "recurrent"
+    if batch.host is None and algorithm in ALGORITHMS:
+        if algorithm == "chunked":
+            raise ValueError("algorithm='chunked' needs each row's absolute start position: build the batch with "
+                             "prefill_batch(..., start_positions=...)")
+        return "recurrent"
+    return rules.resolve_algorithm(algorithm, device, batch.seqs)
 
 
 def _initial_states(step: ChunkedStep, cache: torch.Tensor) -> torch.Tensor:
@@ -106,16 +104,16 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
     """mamba2_prefill's chunked algorithm; arguments validated (x: (ntokens, nheads, headdim))."""
     step = _step(batch)
     nheads, headdim, dstate = ssm_state.shape[1:]
-    plan = batch.host.prepared.get(("mamba2", chunk_size))
-    if plan is None:
-        plan = make_plan(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
-        batch.host.prepared[("mamba2", chunk_size)] = plan
+    tables = batch.host.prepared.get(("mamba2", chunk_size))
+    if tables is None:
+        tables = make_chunk_tables(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
+        batch.host.prepared[("mamba2", chunk_size)] = tables
     final = torch.empty(step.seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
     y = _staged(step, out)
     u = lambda t: None if t is None else t.unsqueeze(0)
     problem = mamba2_problem(u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit,
                              _initial_states(step, ssm_state), None, step.seqs, step.captures, u(y), final, ssm_state)
-    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
+    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, tables)
     _unstage(step, out, y, 0)
     _store_final(step, ssm_state, final)
 

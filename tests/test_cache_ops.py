@@ -1,4 +1,4 @@
-"""The engine-facing layer (ssm_kernels.engine): states in place in a cache by slot, captures to
+"""The engine-facing layer (ssm_kernels.cache_ops): states in place in a cache by slot, captures to
 slots, skip rows, per-row initial-state flags, cache dtypes; bit-identical to the public ops."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from helpers import TOLERANCE, assert_rel_close
 from ssm_kernels import causal_conv1d, causal_conv1d_update, mamba1_scan, mamba2_scan, selective_state_update
-from ssm_kernels import engine
+from ssm_kernels import cache_ops
 from ssm_kernels.scan.reference import mamba2_scan_ref
 
 BACKENDS = ["torch", "triton"]
@@ -34,7 +34,7 @@ NSLOTS = 12
 def _batch(device=None, validate=True, captures=CAPTURES):
     cu = torch.tensor([0] + torch.tensor(LENGTHS).cumsum(0).tolist(), dtype=torch.int32, device=device)
     seq, off, slot = (torch.tensor(c, device=device) for c in zip(*captures)) if captures else (None,) * 3
-    return engine.prefill_batch(cu, torch.tensor(SLOTS, dtype=torch.int32, device=device),
+    return cache_ops.prefill_batch(cu, torch.tensor(SLOTS, dtype=torch.int32, device=device),
                                 has_initial_state=torch.tensor(HAS_INIT, device=device),
                                 capture_seq=seq, capture_offset=off, capture_slot=slot,
                                 nslots=NSLOTS, validate=validate), cu
@@ -91,7 +91,7 @@ def test_mamba2_prefill_matches_public_scan(backend, cache_dtype, validate, monk
     before = cache.clone()
     batch, cu = _batch(validate=validate)
     out = torch.full_like(x, float("nan"))
-    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, D=D, z=z, dt_bias=dt_bias,
+    cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, D=D, z=z, dt_bias=dt_bias,
                           dt_softplus=True, backend=backend)
     ref = mamba2_scan(x[None], dt[None], A, B[None], C[None], D=D, z=z[None], dt_bias=dt_bias, dt_softplus=True,
                       initial_states=_initial(before), cu_seqlens=cu,
@@ -111,7 +111,7 @@ def test_mamba2_prefill_against_float64_reference():
     init = _initial(cache)
     batch, cu = _batch()
     out = torch.empty_like(x)
-    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, D=D, dt_softplus=True)
+    cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, D=D, dt_softplus=True)
     ref = mamba2_scan_ref(x[None], dt[None], A, B[None], C[None], D=D, dt_softplus=True, initial_states=init,
                           cu_seqlens=cu, capture=[(s, k) for s, k, _ in CAPTURES])
     live = _live_tokens(cu)
@@ -130,7 +130,7 @@ def test_mamba1_prefill_matches_public_scan(backend, monkeypatch):
     before = cache.clone()
     batch, cu = _batch()
     out = torch.full_like(u, float("nan"))
-    engine.mamba1_prefill(batch, u, delta, A, B, C, ssm_state=cache, out=out, D=D, z=z, delta_bias=bias,
+    cache_ops.mamba1_prefill(batch, u, delta, A, B, C, ssm_state=cache, out=out, D=D, z=z, delta_bias=bias,
                           delta_softplus=True, backend=backend)
     ref = mamba1_scan(u[None], delta[None], A, B[None], C[None], D=D, z=z[None], delta_bias=bias,
                       delta_softplus=True, initial_states=_initial(before), cu_seqlens=cu,
@@ -153,7 +153,7 @@ def test_conv_prefill_matches_public_conv(backend, vllm_layout):
     before = cache.clone()
     batch, cu = _batch()
     out = torch.full_like(x, float("nan"))
-    engine.conv_prefill(batch, x, weight, bias, conv_state=cache, out=out, activation="silu", backend=backend)
+    cache_ops.conv_prefill(batch, x, weight, bias, conv_state=cache, out=out, activation="silu", backend=backend)
     ref = causal_conv1d(x[None], weight, bias, activation="silu", initial_states=_initial(before),
                         cu_seqlens=cu, capture=[(s, k) for s, k, _ in CAPTURES], backend=backend)
     live = _live_tokens(cu)
@@ -170,10 +170,10 @@ def test_mamba2_decode_matches_selective_state_update(backend):
     D, z, bias = torch.randn(H), torch.randn(4, H, P), torch.randn(H)
     cache = torch.randn(nslots, H, P, N).to(torch.bfloat16)
     before = cache.clone()
-    batch = engine.decode_batch(torch.tensor(slots), dst_state_indices=torch.tensor(dst),
-                                skip_slot=engine.NULL_BLOCK_ID, nslots=nslots)
+    batch = cache_ops.decode_batch(torch.tensor(slots), dst_state_indices=torch.tensor(dst),
+                                skip_slot=cache_ops.NULL_BLOCK_ID, nslots=nslots)
     out = torch.full_like(x, float("nan"))
-    engine.mamba2_decode(batch, x, dt, A, B, C, ssm_state=cache, out=out, D=D, z=z, dt_bias=bias,
+    cache_ops.mamba2_decode(batch, x, dt, A, B, C, ssm_state=cache, out=out, D=D, z=z, dt_bias=bias,
                          dt_softplus=True, backend=backend)
     state = before.float()
     live = [0, 2, 3]
@@ -200,7 +200,7 @@ def test_mamba1_decode_matches_one_token_scan(backend):
     cache = torch.randn(nslots, dim, N)
     before = cache.clone()
     out = torch.empty_like(u)
-    engine.mamba1_decode(engine.decode_batch(slots), u, delta, A, B, C, ssm_state=cache, out=out, D=D, z=z,
+    cache_ops.mamba1_decode(cache_ops.decode_batch(slots), u, delta, A, B, C, ssm_state=cache, out=out, D=D, z=z,
                          delta_softplus=True, backend=backend)
     ref = mamba1_scan(u[:, :, None], delta[:, :, None], A, B[:, :, None], C[:, :, None], D=D, z=z[:, :, None],
                       delta_softplus=True, initial_states=before[slots], backend=backend)
@@ -216,7 +216,7 @@ def test_conv_decode_matches_update(backend):
     cache = torch.randn(nslots, width - 1, dim).transpose(1, 2)
     before = cache.clone()
     out = torch.full_like(x, float("nan"))
-    engine.conv_decode(engine.decode_batch(slots), x, weight, bias, conv_state=cache, out=out, activation="silu",
+    cache_ops.conv_decode(cache_ops.decode_batch(slots), x, weight, bias, conv_state=cache, out=out, activation="silu",
                        backend=backend)
     pool = before.clone()
     y = causal_conv1d_update(x[[0, 2]], pool, weight, bias, "silu", torch.tensor([5, 2]), backend=backend)
@@ -231,8 +231,8 @@ def test_split_passes_through_the_cache_are_bit_identical():
     T, H, P, G, N = 37, 2, 4, 1, 8
     x, dt, A = torch.randn(T, H, P), torch.randn(T, H), -(torch.rand(H) + 0.5)
     B, C = torch.randn(T, G, N), torch.randn(T, G, N)
-    run = lambda xs, cu, slot, init, caps, cache, out: engine.mamba2_prefill(
-        engine.prefill_batch(torch.tensor(cu), torch.tensor([slot]), has_initial_state=torch.tensor([init]),
+    run = lambda xs, cu, slot, init, caps, cache, out: cache_ops.mamba2_prefill(
+        cache_ops.prefill_batch(torch.tensor(cu), torch.tensor([slot]), has_initial_state=torch.tensor([init]),
                              capture_seq=torch.tensor([0] * len(caps)), capture_offset=torch.tensor([k for k, _ in caps]),
                              capture_slot=torch.tensor([s for _, s in caps])),
         *xs, ssm_state=cache, out=out, dt_softplus=True)
@@ -247,29 +247,29 @@ def test_split_passes_through_the_cache_are_bit_identical():
 def test_validation_names_the_argument():
     cu = torch.tensor([0, 3, 5])
     with pytest.raises(ValueError, match="state_indices must be distinct"):
-        engine.prefill_batch(cu, torch.tensor([1, 1]))
+        cache_ops.prefill_batch(cu, torch.tensor([1, 1]))
     with pytest.raises(ValueError, match=r"state_indices\[1\] = 9 is out of range"):
-        engine.prefill_batch(cu, torch.tensor([1, 9]), nslots=4)
+        cache_ops.prefill_batch(cu, torch.tensor([1, 9]), nslots=4)
     with pytest.raises(ValueError, match=r"capture_offset\[0\] = 4 for sequence 0"):
-        engine.prefill_batch(cu, torch.tensor([1, 2]), capture_seq=torch.tensor([0]),
+        cache_ops.prefill_batch(cu, torch.tensor([1, 2]), capture_seq=torch.tensor([0]),
                              capture_offset=torch.tensor([4]), capture_slot=torch.tensor([3]))
     with pytest.raises(ValueError, match="capture_slot .* is also a row's state slot"):
-        engine.prefill_batch(cu, torch.tensor([1, 2]), capture_seq=torch.tensor([0]),
+        cache_ops.prefill_batch(cu, torch.tensor([1, 2]), capture_seq=torch.tensor([0]),
                              capture_offset=torch.tensor([1]), capture_slot=torch.tensor([2]))
     with pytest.raises(ValueError, match="go together"):
-        engine.prefill_batch(cu, torch.tensor([1, 2]), capture_seq=torch.tensor([0]))
+        cache_ops.prefill_batch(cu, torch.tensor([1, 2]), capture_seq=torch.tensor([0]))
     with pytest.raises(TypeError, match="has_initial_state must have dtype bool"):
-        engine.prefill_batch(cu, torch.tensor([1, 2]), has_initial_state=torch.tensor([1, 0]))
-    batch = engine.prefill_batch(cu, torch.tensor([1, 2]))
+        cache_ops.prefill_batch(cu, torch.tensor([1, 2]), has_initial_state=torch.tensor([1, 0]))
+    batch = cache_ops.prefill_batch(cu, torch.tensor([1, 2]))
     x = torch.randn(5, 2, 4)
     with pytest.raises(TypeError, match="out must have the input's dtype"):
-        engine.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8), torch.randn(5, 1, 8),
+        cache_ops.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8), torch.randn(5, 1, 8),
                               ssm_state=torch.zeros(3, 2, 4, 8), out=torch.empty(5, 2, 4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="ssm_state must have shape"):
-        engine.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8), torch.randn(5, 1, 8),
+        cache_ops.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8), torch.randn(5, 1, 8),
                               ssm_state=torch.zeros(3, 2, 4, 9), out=torch.empty_like(x))
     with pytest.raises(TypeError, match="batch must be a PrefillBatch"):
-        engine.conv_prefill(engine.decode_batch(torch.tensor([0])), torch.randn(4, 5), torch.randn(4, 3),
+        cache_ops.conv_prefill(cache_ops.decode_batch(torch.tensor([0])), torch.randn(4, 5), torch.randn(4, 3),
                             conv_state=torch.zeros(2, 4, 2), out=torch.empty(4, 5))
 
 
@@ -282,10 +282,10 @@ def test_a_capture_to_the_skip_slot_is_dropped():
     for backend in BACKENDS if not torch.cuda.is_available() else ["torch"]:
         cache = torch.zeros(5, H, P, N)
         conv_cache = torch.zeros(5, 12, 3)
-        batch = engine.prefill_batch(torch.tensor([0, T]), torch.tensor([0]), capture_seq=torch.tensor([0, 0]),
+        batch = cache_ops.prefill_batch(torch.tensor([0, T]), torch.tensor([0]), capture_seq=torch.tensor([0, 0]),
                                      capture_offset=torch.tensor([8, 16]), capture_slot=torch.tensor([-1, 3]))
-        engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), backend=backend)
-        engine.conv_prefill(batch, torch.randn(12, T), torch.randn(12, 4), conv_state=conv_cache,
+        cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), backend=backend)
+        cache_ops.conv_prefill(batch, torch.randn(12, T), torch.randn(12, 4), conv_state=conv_cache,
                             out=torch.empty(12, T), backend=backend)
         ref = mamba2_scan(x[None], dt[None], A, B[None], C[None], capture=[(0, 16)], backend=backend)
         assert torch.equal(cache[3], ref.captured_states[0])
@@ -302,16 +302,16 @@ def test_tensor_parallel_head_slices_give_the_full_layer(backend):
     T, H, P, N, tp = 30, 8, 4, 8, 2
     x, dt, A = torch.randn(T, H, P), torch.randn(T, H), -(torch.rand(H) + 0.5)
     B, C, D, bias = torch.randn(T, 1, N), torch.randn(T, 1, N), torch.randn(H), torch.randn(H)
-    batch = engine.prefill_batch(torch.tensor([0, 12, T]), torch.tensor([2, 5]), capture_seq=torch.tensor([1]),
+    batch = cache_ops.prefill_batch(torch.tensor([0, 12, T]), torch.tensor([2, 5]), capture_seq=torch.tensor([1]),
                                  capture_offset=torch.tensor([9]), capture_slot=torch.tensor([7]))
     full, y = torch.zeros(8, H, P, N), torch.empty_like(x)
-    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=full, out=y, D=D, dt_bias=bias, dt_softplus=True,
+    cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=full, out=y, D=D, dt_bias=bias, dt_softplus=True,
                           backend=backend)
     h = H // tp
     for rank in range(tp):
         heads = slice(rank * h, (rank + 1) * h)
         cache, y_rank = torch.zeros(8, h, P, N), torch.empty(T, h, P)
-        engine.mamba2_prefill(batch, x[:, heads], dt[:, heads], A[heads], B, C, ssm_state=cache, out=y_rank,
+        cache_ops.mamba2_prefill(batch, x[:, heads], dt[:, heads], A[heads], B, C, ssm_state=cache, out=y_rank,
                               D=D[heads], dt_bias=bias[heads], dt_softplus=True, backend=backend)
         if backend == "triton":
             assert torch.equal(y_rank, y[:, heads]) and torch.equal(cache, full[:, heads])

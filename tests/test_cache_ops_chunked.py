@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
-from ssm_kernels import engine, mamba1_scan, mamba2_scan
+from ssm_kernels import cache_ops, mamba1_scan, mamba2_scan
 from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref
-from test_engine import tensors_on_the_backends_device  # noqa: F401 (autouse: the Triton tests' device)
+from test_cache_ops import tensors_on_the_backends_device  # noqa: F401 (autouse: the Triton tests' device)
 
 BACKENDS = ["torch", "triton"]
 CHUNK = 16
@@ -33,7 +33,7 @@ def _cu():
 
 def _batch(positions=POSITIONS, captures=CAPTURES):
     seq, off, slot = (torch.tensor(c) for c in zip(*captures))
-    return engine.prefill_batch(_cu(), torch.tensor(SLOTS, dtype=torch.int32),
+    return cache_ops.prefill_batch(_cu(), torch.tensor(SLOTS, dtype=torch.int32),
                                 has_initial_state=torch.tensor(HAS_INIT), capture_seq=seq, capture_offset=off,
                                 capture_slot=slot, nslots=NSLOTS, start_positions=positions)
 
@@ -68,12 +68,12 @@ def _mamba2_case(cache_dtype, states_transposed=False):
 
 
 def _mamba2_prefill(batch, kw, cache, out, **options):
-    engine.mamba2_prefill(batch, kw["x"][0], kw["dt"][0], kw["A"], kw["B"][0], kw["C"][0], ssm_state=cache, out=out,
+    cache_ops.mamba2_prefill(batch, kw["x"][0], kw["dt"][0], kw["A"], kw["B"][0], kw["C"][0], ssm_state=cache, out=out,
                           D=kw["D"], z=kw["z"][0], dt_bias=kw["dt_bias"], dt_softplus=True, **options)
 
 
 def _mamba1_prefill(batch, kw, cache, out, **options):
-    engine.mamba1_prefill(batch, kw["u"][0], kw["delta"][0], kw["A"], kw["B"][0], kw["C"][0], ssm_state=cache,
+    cache_ops.mamba1_prefill(batch, kw["u"][0], kw["delta"][0], kw["A"], kw["B"][0], kw["C"][0], ssm_state=cache,
                           out=out, D=kw["D"], z=kw["z"][0], delta_bias=kw["delta_bias"], delta_softplus=True,
                           **options)
 
@@ -162,12 +162,12 @@ def test_warm_continuation_from_a_grid_point_equals_the_cold_pass(backend, layer
         state_shape = kw["initial_states"].shape[1:]
     cache = torch.zeros(3, *state_shape)
     i32 = lambda *v: torch.tensor(v, dtype=torch.int32)
-    cold = engine.prefill_batch(i32(0, n), i32(0), has_initial_state=torch.tensor([False]), capture_seq=i32(0),
+    cold = cache_ops.prefill_batch(i32(0, n), i32(0), has_initial_state=torch.tensor([False]), capture_seq=i32(0),
                                 capture_offset=i32(cut), capture_slot=i32(2), start_positions=[0])
     run(cold, kw, cache, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
     warm_kw = {k: tokens(v, cut, n) if v.ndim >= 2 and v.shape[0] == 1 else v for k, v in kw.items()}
     warm_out = torch.empty_like(tokens(out[None], cut, n)[0])
-    warm = engine.prefill_batch(i32(0, n - cut), i32(2), has_initial_state=torch.tensor([True]),
+    warm = cache_ops.prefill_batch(i32(0, n - cut), i32(2), has_initial_state=torch.tensor([True]),
                                 start_positions=torch.tensor([cut]))
     run(warm, warm_kw, cache, warm_out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
     assert torch.equal(warm_out, tokens(out[None], cut, n)[0])

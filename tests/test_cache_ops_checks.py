@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ssm_kernels import causal_conv1d, mamba2_scan
-from ssm_kernels import engine
+from ssm_kernels import cache_ops
 
 BACKENDS = ["torch", "triton"]
 H, P, N, DIM, WIDTH = 2, 4, 8, 6, 4
@@ -35,11 +35,11 @@ def test_decode_batch_refuses_a_row_writing_a_slot_another_row_reads():
     """The rows run in parallel: row 0 writing slot 2 while row 1 reads it would race (as
     selective_state_update refuses)."""
     with pytest.raises(ValueError, match=r"dst_state_indices\[0\] = 2 is the slot row 1 reads"):
-        engine.decode_batch(torch.tensor([1, 2]), dst_state_indices=torch.tensor([2, 3]), nslots=4)
+        cache_ops.decode_batch(torch.tensor([1, 2]), dst_state_indices=torch.tensor([2, 3]), nslots=4)
     with pytest.raises(ValueError, match=r"dst_state_indices\[0\] = 1 is the slot row 1 reads"):
-        engine.decode_batch(torch.tensor([0, 1]), dst_state_indices=torch.tensor([1, 0]))
+        cache_ops.decode_batch(torch.tensor([0, 1]), dst_state_indices=torch.tensor([1, 0]))
     # A padded row reads nothing, so writing its slot is fine.
-    engine.decode_batch(torch.tensor([-1, 2]), dst_state_indices=torch.tensor([0, 3]), nslots=4)
+    cache_ops.decode_batch(torch.tensor([-1, 2]), dst_state_indices=torch.tensor([0, 3]), nslots=4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -51,13 +51,13 @@ def test_a_declined_capture_with_placeholder_values_leaves_the_others_alone(back
     x, dt, A, B, C = _mamba2(T)
     xc, w = torch.randn(DIM, T), torch.randn(DIM, WIDTH)
     cu = torch.tensor([0, 4, T])
-    batch = engine.prefill_batch(cu, torch.tensor([0, 1]), has_initial_state=torch.tensor([False, False]),
+    batch = cache_ops.prefill_batch(cu, torch.tensor([0, 1]), has_initial_state=torch.tensor([False, False]),
                                  capture_seq=torch.tensor([declined[0], 0, 1]),
                                  capture_offset=torch.tensor([declined[1], 2, 3]),
                                  capture_slot=torch.tensor([-1, 3, 4]), nslots=nslots)
     cache, conv_cache = torch.zeros(nslots, H, P, N), torch.zeros(nslots, DIM, WIDTH - 1)
-    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), backend=backend)
-    engine.conv_prefill(batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc), backend=backend)
+    cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), backend=backend)
+    cache_ops.conv_prefill(batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc), backend=backend)
     ref = mamba2_scan(x[None], dt[None], A, B[None], C[None], cu_seqlens=cu, capture=[(0, 2), (1, 3)], backend=backend)
     conv_ref = causal_conv1d(xc[None], w, cu_seqlens=cu, capture=[(0, 2), (1, 3)], backend=backend)
     for i, slot in enumerate((3, 4)):
@@ -67,7 +67,7 @@ def test_a_declined_capture_with_placeholder_values_leaves_the_others_alone(back
 
 
 def test_declined_captures_only_leave_no_capture():
-    batch = engine.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), capture_seq=torch.tensor([-1]),
+    batch = cache_ops.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), capture_seq=torch.tensor([-1]),
                                  capture_offset=torch.tensor([50]), capture_slot=torch.tensor([-1]))
     assert batch.captures.count == 0
 
@@ -90,16 +90,16 @@ def test_prefill_slots_past_the_cache_are_refused(validate):
     xc, w = torch.randn(DIM, T), torch.randn(DIM, WIDTH)
     cache, cache1, conv_cache = torch.randn(4, H, P, N), torch.randn(4, DIM, N), torch.randn(4, DIM, WIDTH - 1)
     calls = lambda batch: [
-        (lambda: engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x)), cache,
+        (lambda: cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x)), cache,
          "ssm_state"),
-        (lambda: engine.mamba1_prefill(batch, u, delta, A1, B1, C1, ssm_state=cache1, out=torch.empty_like(u)),
+        (lambda: cache_ops.mamba1_prefill(batch, u, delta, A1, B1, C1, ssm_state=cache1, out=torch.empty_like(u)),
          cache1, "ssm_state"),
-        (lambda: engine.conv_prefill(batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc)), conv_cache,
+        (lambda: cache_ops.conv_prefill(batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc)), conv_cache,
          "conv_state")]
-    batch = engine.prefill_batch(cu, torch.tensor([0, 5]), validate=validate)
+    batch = cache_ops.prefill_batch(cu, torch.tensor([0, 5]), validate=validate)
     for call, c, name in calls(batch):
         _refused(rf"state_indices\[1\] = 5 is out of range for {name} with 4 slots", call, c)
-    batch = engine.prefill_batch(cu, torch.tensor([0, 1]), capture_seq=torch.tensor([1, 0]),
+    batch = cache_ops.prefill_batch(cu, torch.tensor([0, 1]), capture_seq=torch.tensor([1, 0]),
                                  capture_offset=torch.tensor([2, 1]), capture_slot=torch.tensor([-1, 4]),
                                  validate=validate)
     for call, c, name in calls(batch):
@@ -111,32 +111,32 @@ def test_decode_slots_past_the_cache_are_refused():
     u, delta, A1, B1, C1 = (t.t() if i != 2 else t for i, t in enumerate(_mamba1(2)))
     xc, w = torch.randn(2, DIM), torch.randn(DIM, WIDTH)
     cache, cache1, conv_cache = torch.randn(4, H, P, N), torch.randn(4, DIM, N), torch.randn(4, DIM, WIDTH - 1)
-    batch = engine.decode_batch(torch.tensor([0, 5]))
-    _refused(r"state_indices\[1\] = 5 is out of range for conv_state with 4 slots", lambda: engine.conv_decode(
+    batch = cache_ops.decode_batch(torch.tensor([0, 5]))
+    _refused(r"state_indices\[1\] = 5 is out of range for conv_state with 4 slots", lambda: cache_ops.conv_decode(
         batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc)), conv_cache)
-    _refused(r"state_indices\[1\] = 5 is out of range for ssm_state with 4 slots", lambda: engine.mamba1_decode(
+    _refused(r"state_indices\[1\] = 5 is out of range for ssm_state with 4 slots", lambda: cache_ops.mamba1_decode(
         batch, u, delta, A1, B1, C1, ssm_state=cache1, out=torch.empty_like(u)), cache1)
-    batch = engine.decode_batch(torch.tensor([0, 1]), dst_state_indices=torch.tensor([2, 4]))
-    _refused(r"dst_state_indices\[1\] = 4 is out of range for ssm_state with 4 slots", lambda: engine.mamba2_decode(
+    batch = cache_ops.decode_batch(torch.tensor([0, 1]), dst_state_indices=torch.tensor([2, 4]))
+    _refused(r"dst_state_indices\[1\] = 4 is out of range for ssm_state with 4 slots", lambda: cache_ops.mamba2_decode(
         batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x)), cache)
 
 
 def test_prefill_needs_the_batch_tokens():
     """cu_seqlens[-1] tokens at least (trailing padding tokens are fine)."""
-    batch = engine.prefill_batch(torch.tensor([0, 5, 12]), torch.tensor([0, 1]))
+    batch = cache_ops.prefill_batch(torch.tensor([0, 5, 12]), torch.tensor([0, 1]))
     x, dt, A, B, C = _mamba2(9)
     u, delta, A1, B1, C1 = _mamba1(9)
     xc, w = torch.randn(DIM, 9), torch.randn(DIM, WIDTH)
     cache, cache1, conv_cache = torch.randn(2, H, P, N), torch.randn(2, DIM, N), torch.randn(2, DIM, WIDTH - 1)
     match = "the inputs hold 9 tokens but the batch's cu_seqlens ends at 12"
-    _refused(match, lambda: engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x)),
+    _refused(match, lambda: cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x)),
              cache)
-    _refused(match, lambda: engine.mamba1_prefill(batch, u, delta, A1, B1, C1, ssm_state=cache1,
+    _refused(match, lambda: cache_ops.mamba1_prefill(batch, u, delta, A1, B1, C1, ssm_state=cache1,
                                                   out=torch.empty_like(u)), cache1)
-    _refused(match, lambda: engine.conv_prefill(batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc)),
+    _refused(match, lambda: cache_ops.conv_prefill(batch, xc, w, conv_state=conv_cache, out=torch.empty_like(xc)),
              conv_cache)
-    padded = engine.prefill_batch(torch.tensor([0, 5, 7]), torch.tensor([0, 1]))
-    engine.conv_prefill(padded, xc, w, conv_state=conv_cache, out=torch.empty_like(xc))
+    padded = cache_ops.prefill_batch(torch.tensor([0, 5, 7]), torch.tensor([0, 1]))
+    cache_ops.conv_prefill(padded, xc, w, conv_state=conv_cache, out=torch.empty_like(xc))
 
 
 def test_conv_out_over_x_is_refused():
@@ -144,40 +144,40 @@ def test_conv_out_over_x_is_refused():
     cache = torch.randn(3, DIM, WIDTH - 1)
     w = torch.randn(DIM, WIDTH)
     x = torch.randn(DIM, 7)
-    batch = engine.prefill_batch(torch.tensor([0, 3, 7]), torch.tensor([0, 1]))
-    _refused("out must not overlap x", lambda: engine.conv_prefill(batch, x, w, conv_state=cache, out=x), cache)
+    batch = cache_ops.prefill_batch(torch.tensor([0, 3, 7]), torch.tensor([0, 1]))
+    _refused("out must not overlap x", lambda: cache_ops.conv_prefill(batch, x, w, conv_state=cache, out=x), cache)
     xd = torch.randn(2, DIM)
-    _refused("out must not overlap x", lambda: engine.conv_decode(
-        engine.decode_batch(torch.tensor([0, 2])), xd, w, conv_state=cache, out=xd), cache)
+    _refused("out must not overlap x", lambda: cache_ops.conv_decode(
+        cache_ops.decode_batch(torch.tensor([0, 2])), xd, w, conv_state=cache, out=xd), cache)
     # Disjoint halves of one buffer are fine.
     buf = torch.randn(2, DIM, 7)
-    engine.conv_prefill(batch, buf[0], w, conv_state=cache, out=buf[1])
+    cache_ops.conv_prefill(batch, buf[0], w, conv_state=cache, out=buf[1])
 
 
 def test_softplus_flags_must_be_bools():
     T = 5
-    pb, db = engine.prefill_batch(torch.tensor([0, T]), torch.tensor([0])), engine.decode_batch(torch.tensor([0]))
+    pb, db = cache_ops.prefill_batch(torch.tensor([0, T]), torch.tensor([0])), cache_ops.decode_batch(torch.tensor([0]))
     x, dt, A, B, C = _mamba2(T)
     u, delta, A1, B1, C1 = _mamba1(T)
     cache, cache1 = torch.zeros(1, H, P, N), torch.zeros(1, DIM, N)
     one = lambda t: t[:1]
     with pytest.raises(TypeError, match="dt_softplus must be a bool"):
-        engine.mamba2_prefill(pb, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), dt_softplus="False")
+        cache_ops.mamba2_prefill(pb, x, dt, A, B, C, ssm_state=cache, out=torch.empty_like(x), dt_softplus="False")
     with pytest.raises(TypeError, match="dt_softplus must be a bool"):
-        engine.mamba2_decode(db, one(x), one(dt), A, one(B), one(C), ssm_state=cache, out=torch.empty_like(one(x)),
+        cache_ops.mamba2_decode(db, one(x), one(dt), A, one(B), one(C), ssm_state=cache, out=torch.empty_like(one(x)),
                              dt_softplus="False")
     with pytest.raises(TypeError, match="delta_softplus must be a bool"):
-        engine.mamba1_prefill(pb, u, delta, A1, B1, C1, ssm_state=cache1, out=torch.empty_like(u),
+        cache_ops.mamba1_prefill(pb, u, delta, A1, B1, C1, ssm_state=cache1, out=torch.empty_like(u),
                               delta_softplus="False")
     with pytest.raises(TypeError, match="delta_softplus must be a bool"):
-        engine.mamba1_decode(db, u[:, :1].t(), delta[:, :1].t(), A1, B1[:, :1].t(), C1[:, :1].t(), ssm_state=cache1,
+        cache_ops.mamba1_decode(db, u[:, :1].t(), delta[:, :1].t(), A1, B1[:, :1].t(), C1[:, :1].t(), ssm_state=cache1,
                              out=torch.empty(1, DIM), delta_softplus="False")
     assert not cache.any() and not cache1.any()
 
 
 def test_conv_decode_names_a_wrong_out():
     with pytest.raises(ValueError, match=r"out must have 2 dimensions \(batch, dim\)"):
-        engine.conv_decode(engine.decode_batch(torch.tensor([0, 1])), torch.randn(2, DIM), torch.randn(DIM, WIDTH),
+        cache_ops.conv_decode(cache_ops.decode_batch(torch.tensor([0, 1])), torch.randn(2, DIM), torch.randn(DIM, WIDTH),
                            conv_state=torch.zeros(2, DIM, WIDTH - 1), out=torch.empty(2, DIM, 1))
 
 
@@ -190,7 +190,7 @@ def test_conv_in_place_with_taps_past_a_time_tile(backend):
     cache = torch.randn(2, 2, width - 1)
     before = cache.clone()
     out = torch.empty_like(x)
-    engine.conv_prefill(engine.prefill_batch(torch.tensor([0, T]), torch.tensor([1])), x, w, conv_state=cache,
+    cache_ops.conv_prefill(cache_ops.prefill_batch(torch.tensor([0, T]), torch.tensor([1])), x, w, conv_state=cache,
                         out=out, backend=backend)
     want = causal_conv1d(x[None], w, initial_states=before[1:2], backend=backend)
     assert torch.equal(out, want.out[0]) and torch.equal(cache[1], want.final_states[0])

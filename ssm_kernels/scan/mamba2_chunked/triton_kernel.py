@@ -23,7 +23,7 @@ dimensions; scratch tensors are contiguous, laid out (chunk or capture, head or 
    ends straight from the state it holds, inside a chunk as exp(cs_{j-1}) S0 + partial from the
    float32 S0 it holds and the partial (kernel 3). It streams a flat P*N block per program, so
    it is many programs moving memory, not one walk per head; its walk has one step a chunk (one
-   per inner capture where a chunk has several, ChunkPlan.steps), with no loop nested in it.
+   per inner capture where a chunk has several, ChunkTables.steps), with no loop nested in it.
 5. _chunk_output_kernel  (chunk, head, M x P block): y = exp(cs) C S0^T + the causal
    (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
    mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
@@ -53,7 +53,7 @@ import triton.language as tl
 from ..problem import ScanProblem
 from ..._triton import (INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         strides_or_zeros)
-from .plan import ChunkPlan
+from .tables import ChunkTables
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
@@ -80,7 +80,7 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def _chunk_span(chunks_ptr, i_c):
-    """(batch row, first token, length) of chunk i_c, from the ChunkPlan's (nchunks, 3) table."""
+    """(batch row, first token, length) of chunk i_c, from the ChunkTables's (nchunks, 3) table."""
     return tl.load(chunks_ptr + i_c * 3), tl.load(chunks_ptr + i_c * 3 + 1), tl.load(chunks_ptr + i_c * 3 + 2)
 
 
@@ -201,7 +201,7 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
 
 @triton.jit
 def _step_row(steps_ptr, t):
-    """Row t of ChunkPlan.steps: (chunk, first, last, start row, inner capture, its row, j)."""
+    """Row t of ChunkTables.steps: (chunk, first, last, start row, inner capture, its row, j)."""
     p = steps_ptr + t * 8
     return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
             tl.load(p + 6))
@@ -227,7 +227,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
         state = tl.load(state_in_ptr + i_s * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n, mask=m, other=0.0)
     else:
         state = tl.zeros([BLOCK], dtype=tl.float32)
-    # One step a chunk, or one per inner capture (ChunkPlan.steps): a loop nested in the walk
+    # One step a chunk, or one per inner capture (ChunkTables.steps): a loop nested in the walk
     # would keep the compiler from pipelining it. Each step's table row is loaded a step ahead,
     # so that the step's own loads wait on nothing but their issue.
     t0 = tl.load(seq_steps_ptr + i_s)
@@ -357,11 +357,11 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
     )
 
 
-def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
+def run_chunked_triton(p: ScanProblem, tables: ChunkTables) -> None:
     """Launch the five kernels; writes p.y, p.state_out and p.captured."""
     assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
     nheads, headdim, dstate, ngroups = p.dims
-    chunk, nchunks, nseq, ninner = plan.chunk_size, plan.nchunks, p.seqs.count, len(plan.inner_list)
+    chunk, nchunks, nseq, ninner = tables.chunk_size, tables.nchunks, p.seqs.count, len(tables.inner_list)
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
     bp, bn, bk, bm, bd = (cfg[k] for k in ("BLOCK_P", "BLOCK_N", "BLOCK_K", "BLOCK_M", "BLOCK_D"))
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -385,34 +385,34 @@ def run_chunked_triton(p: ScanProblem, plan: ChunkPlan) -> None:
     n_pblocks, n_nblocks = triton.cdiv(headdim, bp), triton.cdiv(dstate, bn)
     # The inner-capture arguments go to every launch, empty or not: the kernels are the same
     # binaries with or without captures.
-    inner = ptr_or(plan.inner, plan.chunks)
+    inner = ptr_or(tables.inner, tables.chunks)
     if nchunks:
         _dt_cumsum_kernel[(nchunks, nheads)](
-            dt, A, ptr_or(dt_bias, A), plan.chunks, dt_s, cs_s, decay, nheads, p.dt_min, p.dt_max,
+            dt, A, ptr_or(dt_bias, A), tables.chunks, dt_s, cs_s, decay, nheads, p.dt_min, p.dt_max,
             *dt.stride(), A.stride(0), dt_bias.stride(0) if dt_bias is not None else 0,
             HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=p.dt_softplus, CHUNK=chunk, **launch)
         nm = chunk // bm
         _chunk_cb_kernel[(nchunks * ngroups, nm, nm)](
-            p.B, p.C, plan.chunks, cb, dstate, ngroups, *B_strides, *C_strides,
+            p.B, p.C, tables.chunks, cb, dstate, ngroups, *B_strides, *C_strides,
             CHUNK=chunk, BLOCK_M=bm, BLOCK_D=bd, **dot, **launch)
         _chunk_state_kernel[(nchunks + ninner, nheads, n_pblocks * n_nblocks)](
-            p.x, p.B, dt_s, cs_s, plan.chunks, states, nchunks, inner, ptr_or(partial, start),
+            p.x, p.B, dt_s, cs_s, tables.chunks, states, nchunks, inner, ptr_or(partial, start),
             headdim, dstate, nheads, heads_per_group, n_nblocks, *x_strides, *B_strides,
             CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
     if nseq:
         _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
-            ptr_or(states, out), ptr_or(decay, out), ptr_or(cs_s, out), plan.seq_steps, plan.steps,
-            plan.end_rows, ptr_or(partial, ptr_or(start, out)),
+            ptr_or(states, out), ptr_or(decay, out), ptr_or(cs_s, out), tables.seq_steps, tables.steps,
+            tables.end_rows, ptr_or(partial, ptr_or(start, out)),
             ptr_or(p.state_in, out), ptr_or(start, out), out, ptr_or(captured, out),
             headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
             HAS_INITIAL_STATE=p.state_in is not None, CHUNK=chunk, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
     if nchunks:
         row_programs = chunk // bm * n_pblocks
         _chunk_output_kernel[(nchunks, nheads, row_programs)](
-            p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, plan.chunks, cb, start,
+            p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, tables.chunks, cb, start,
             headdim, dstate, nheads, heads_per_group, n_pblocks,
             *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
             HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd,
             **dot, **cfg["output"])
-    if plan.copy_rows.numel():
-        captured[plan.copy_rows] = captured[plan.copy_from]
+    if tables.copy_rows.numel():
+        captured[tables.copy_rows] = captured[tables.copy_from]

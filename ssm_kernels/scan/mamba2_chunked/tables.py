@@ -25,7 +25,7 @@ from ..._common import CaptureTable, Sequences, int_tables
 
 
 @dataclass(frozen=True)
-class ChunkPlan:
+class ChunkTables:
     """The chunk grid of one pass and the captures mapped onto it.
 
     Sequence s of length n starting at absolute position a owns the chunks that cover
@@ -80,8 +80,8 @@ def _chunk_of(k: int, first: int, chunk_size: int) -> tuple[int, int]:
     return 1 + (k - first) // chunk_size, (k - first) % chunk_size
 
 
-def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
-              device: torch.device) -> ChunkPlan:
+def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
+              device: torch.device) -> ChunkTables:
     chunk_list, seq_chunks, firsts = [], [0], []
     for (b, start, length), position in zip(seqs.spans(), start_positions):
         first = chunk_size - position % chunk_size  # tokens up to the next grid point
@@ -120,5 +120,5 @@ def make_plan(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_po
     chunks, end_t, inner, steps_t, seq_steps_t, copy_rows, copy_from = int_tables(
         device, chunk_list, end_rows, inner_list, steps, seq_steps,
         [r for r, _ in copies], [f for _, f in copies])
-    return ChunkPlan(chunk_size, chunks.view(-1, 3), end_t, inner.view(-1, 3), steps_t.view(-1, 8),
+    return ChunkTables(chunk_size, chunks.view(-1, 3), end_t, inner.view(-1, 3), steps_t.view(-1, 8),
                      seq_steps_t, copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)

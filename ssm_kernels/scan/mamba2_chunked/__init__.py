@@ -18,23 +18,19 @@ Algorithms of mamba2_scan:
   range is too small for the chunk-start states and C B^T) with fp32 accumulation and stay within
   1e-2. Returned states are float32; a 16-bit pass's captures
   inside chunks are combined from 16-bit intermediates (the chunk-start state and the partial
-  sum), so their error is a little above the final state's (triton_kernels.py).
-  backend="triton" runs the Triton kernels (triton_kernels.py); backend="torch" runs the same
-  algorithm in PyTorch (torch_chunked.py; float32 matmuls whatever the input dtype).
+  sum), so their error is a little above the final state's (triton_kernel.py).
+  backend="triton" runs the Triton kernels (triton_kernel.py); backend="torch" runs the same
+  algorithm in PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype).
 - "auto": "recurrent" for CPU tensors; for CUDA tensors "chunked" when the longest sequence of
   the pass has at least AUTO_CHUNKED_MIN_TOKENS tokens, else "recurrent".
 """
 from __future__ import annotations
 
+from ..algorithm import ALGORITHMS, ChunkedRules, check_start_positions
+from .tables import ChunkTables, make_chunk_tables
+from .torch_kernel import run_chunked_torch
+from .triton_kernel import run_chunked_triton
 
-import torch
-
-from ..._common import Sequences, check_int
-from .plan import ChunkPlan, make_plan
-from .torch_chunked import run_chunked_torch
-from .triton_kernels import run_chunked_triton
-
-ALGORITHMS = ("recurrent", "chunked", "auto")
 DEFAULT_CHUNK_SIZE = 256
 MAX_CHUNK_SIZE = 1024
 # "auto" picks the chunked path on CUDA from this many tokens in the longest sequence of the pass.
@@ -51,60 +47,16 @@ MAX_CHUNK_SIZE = 1024
 # crossover section (bench/scan.py) measures it; replace this value with the measured one.
 AUTO_CHUNKED_MIN_TOKENS = 128
 
-
-def check_chunk_size(chunk_size) -> int:
-    """None -> DEFAULT_CHUNK_SIZE; otherwise a power of two in [16, MAX_CHUNK_SIZE]."""
-    if chunk_size is None:
-        return DEFAULT_CHUNK_SIZE
-    size = check_int("chunk_size", chunk_size)
-    if size < 16 or size > MAX_CHUNK_SIZE or size & (size - 1):
-        raise ValueError(f"chunk_size must be a power of two from 16 (the smallest tl.dot tile) to "
-                         f"{MAX_CHUNK_SIZE}, got {size}")
-    return size
-
-
-def resolve_algorithm(algorithm, device: torch.device, seqs: Sequences) -> str:
-    """Validate `algorithm` and resolve "auto" to "recurrent" or "chunked" (see the module doc)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm != "auto":
-        return algorithm
-    longest = max(seqs.lengths, default=0)
-    return "chunked" if device.type == "cuda" and longest >= AUTO_CHUNKED_MIN_TOKENS else "recurrent"
-
-
-def check_start_positions(start_positions, seqs: Sequences) -> list[int]:
-    """None -> zeros; otherwise one int >= 0 per sequence (a sequence of ints or a 1-D int tensor)."""
-    if start_positions is None:
-        return [0] * seqs.count
-    if isinstance(start_positions, torch.Tensor):
-        if start_positions.dtype.is_floating_point or start_positions.dtype.is_complex \
-                or start_positions.dtype == torch.bool or start_positions.ndim != 1:
-            raise TypeError(f"start_positions must be a 1-D integer tensor, got dtype {start_positions.dtype} "
-                            f"and shape {tuple(start_positions.shape)}")
-        values = start_positions.tolist()
-    else:
-        try:
-            values = list(start_positions)
-        except TypeError:
-            raise TypeError(f"start_positions must be a sequence of ints, one per sequence, got "
-                            f"{type(start_positions).__name__}") from None
-    if len(values) != seqs.count:
-        raise ValueError(f"start_positions must hold one position per sequence ({seqs.count}), got {len(values)}")
-    positions = []
-    for s, value in enumerate(values):
-        position = check_int(f"start_positions[{s}]", value)
-        if position < 0:
-            raise ValueError(f"start_positions[{s}] must be >= 0, got {position}")
-        positions.append(position)
-    return positions
+RULES = ChunkedRules(DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, AUTO_CHUNKED_MIN_TOKENS, min_reason="the smallest tl.dot tile")
+check_chunk_size = RULES.check_chunk_size
+resolve_algorithm = RULES.resolve_algorithm
 
 
 def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
     """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend."""
-    plan = make_plan(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
-    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, plan)
+    tables = make_chunk_tables(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
+    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, tables)
 
 
-__all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkPlan",
+__all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkTables",
            "check_chunk_size", "check_start_positions", "resolve_algorithm", "run"]

@@ -23,7 +23,7 @@ from .._common import (FLOAT_DTYPES, check_bool, check_dt_limit, check_inplace_t
 from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
 from ..conv.triton_kernel import run_triton as run_conv_triton
-from ..scan import chunked as mamba2_chunked_scan
+from ..scan import mamba2_chunked
 from ..scan import dispatch, mamba1_chunked
 from ..scan.mamba2 import check_mamba2_args, mamba2_problem
 from ..scan.problem import ScanProblem, check_scan_sizes
@@ -66,7 +66,7 @@ def _check_batch(batch, cls, device, cache_name, cache, ntokens=None, token_axis
     the kernels would write past the cache. Slots and tokens are checked where the batch read them
     back to the host (validate=True, CPU tensors or start_positions)."""
     if not isinstance(batch, cls):
-        raise TypeError(f"batch must be a {cls.__name__} (from ssm_kernels.engine.{cls.__name__.lower()[:-5]}_batch), "
+        raise TypeError(f"batch must be a {cls.__name__} (from ssm_kernels.cache_ops.{cls.__name__.lower()[:-5]}_batch), "
                         f"got {type(batch).__name__}")
     if batch.seqs.cu_seqlens.device != device:
         raise ValueError(f"the batch is on {batch.seqs.cu_seqlens.device} but the tensors are on {device}")
@@ -98,7 +98,7 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
         algorithm: "recurrent" (default: exact at any split, allocates nothing), "chunked" (the
             SSD algorithm of mamba2_scan(algorithm="chunked"); needs a batch built with
             start_positions; allocates its workspace per call) or "auto" (mamba2_scan's rule:
-            chunked on CUDA from ssm_kernels.scan.chunked.AUTO_CHUNKED_MIN_TOKENS tokens in the
+            chunked on CUDA from ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS tokens in the
             longest row, when the batch has start positions; else recurrent).
         chunk_size: the chunked algorithm's, as in mamba2_scan (default 256).
 
@@ -111,8 +111,8 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
     dt_softplus = check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     backend = resolve_backend(backend, device)
-    chunk_size = mamba2_chunked_scan.check_chunk_size(chunk_size)
-    if chunked.resolve(algorithm, batch, device, mamba2_chunked_scan.AUTO_CHUNKED_MIN_TOKENS) == "chunked":
+    chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
+    if chunked.resolve(algorithm, batch, device, mamba2_chunked.RULES) == "chunked":
         chunked.run_mamba2(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
                                backend, chunk_size)
         return
@@ -207,7 +207,7 @@ def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=
     bc = lambda t: (t.unsqueeze(0) if t.ndim == 2 else t).permute(2, 0, 1).unsqueeze(0)  # (1, T, G, N)
     problem = lambda y, **fields: _mamba1_problem((rows(u), rows(delta), rows(z), rows(y)), (bc(B), bc(C)), A, D,
                                                   delta_bias, delta_softplus, ngroups, **fields)
-    if chunked.resolve(algorithm, batch, device, mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS) == "chunked":
+    if chunked.resolve(algorithm, batch, device, mamba1_chunked.RULES) == "chunked":
         chunked.run_mamba1(batch, problem, out, ssm_state, ngroups, backend, chunk_size)
     else:
         dispatch.run(problem(out, **_cache_fields(batch, ssm_state, ngroups, False)), backend)

@@ -15,7 +15,7 @@ import torch
 
 from .._common import (INDEX_DTYPES, CaptureTable, Sequences, check_decode_slots, check_tensor,
                        lengths_from_bounds)
-from ..scan.chunked import check_start_positions
+from ..scan.algorithm import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
 PAD_SLOT_ID = -1
