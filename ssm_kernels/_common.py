@@ -255,6 +255,26 @@ class CaptureTable:
         return len(self.entries)
 
 
+@dataclass(kw_only=True)
+class CacheSlots:
+    """The options of a scan or conv problem for an engine's cache (all off by default).
+
+    state_index: (nseq,) int32/int64 or None: sequence s reads state_in[state_index[s]] and writes
+        state_out[state_index[s]] (a pool of slots, possibly the same tensor: the kernels read a
+        slot before they overwrite it); None means slot s.
+    has_initial: (nseq,) bool or None: where False, sequence s starts from zeros instead of
+        reading state_in.
+    skip_slot: int or None: a sequence whose state_index is skip_slot (an engine's padding row)
+        reads and writes nothing, its outputs and captures included; so does a capture whose row
+        is skip_slot (an engine declining it).
+    State tensors may then have another float dtype than the inputs: stored rounded to it.
+    """
+
+    state_index: torch.Tensor | None = None
+    has_initial: torch.Tensor | None = None
+    skip_slot: int | None = None
+
+
 def _capture_pairs(capture) -> list[tuple[int, int]]:
     if capture is None:
         return []

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._common import CaptureTable, Sequences
+from .._common import CacheSlots, CaptureTable, Sequences
 
 
 class ConvResult(NamedTuple):
@@ -27,20 +27,13 @@ class ConvResult(NamedTuple):
 
 
 @dataclass
-class ConvProblem:
-    """A validated depthwise causal conv pass.
+class ConvProblem(CacheSlots):
+    """A validated depthwise causal conv pass (a conv state is the last width - 1 inputs).
 
     x: (batch, dim, seqlen); weight: (dim, width); bias: (dim,) or None.
     state_in: (nseq, dim, width - 1) in x's dtype, or None for zeros.
     out: like x; state_out: (nseq, dim, width - 1); captured: (ncapture, dim, width - 1).
-    Options for an engine's cache (all off by default):
-        state_index: (nseq,) int32/int64 or None: sequence s reads state_in[state_index[s]] and
-            writes state_out[state_index[s]] (a pool of slots, possibly the same tensor: the
-            kernels read a slot before they overwrite it).
-        has_initial: (nseq,) bool or None: where False, sequence s starts from zero inputs.
-        skip_slot: int or None: a sequence whose state_index is skip_slot (an engine's padding
-            row) reads and writes nothing; so does a capture whose row is skip_slot.
-        State tensors may then have another float dtype than x: stored rounded to it.
+    The cache options are CacheSlots'.
     """
 
     x: torch.Tensor
@@ -53,9 +46,6 @@ class ConvProblem:
     out: torch.Tensor
     state_out: torch.Tensor
     captured: torch.Tensor
-    state_index: torch.Tensor | None = None
-    has_initial: torch.Tensor | None = None
-    skip_slot: int | None = None
 
     @property
     def width(self) -> int:

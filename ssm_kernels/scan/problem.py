@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import CaptureTable, Sequences
+from .._common import CacheSlots, CaptureTable, Sequences
 
 # The kernels keep a state row of next_power_of_2(dstate) fp32 values per thread block row.
 MAX_DSTATE = 256
@@ -30,7 +30,7 @@ def check_scan_sizes(rows_name: str, rows: int, ngroups: int, dstate: int, **oth
 
 
 @dataclass
-class ScanProblem:
+class ScanProblem(CacheSlots):
     """A validated scan, its outputs allocated.
 
     Inputs (views; dtype as given unless noted):
@@ -42,15 +42,9 @@ class ScanProblem:
         D, dt_bias: (nheads, headdim) or None.
         state_in: (nslots, nheads, headdim, dstate) float32 (bfloat16 or float16 for a decode
             state pool), or None for zero initial states.
-        state_index: (nseq,) int32/int64 or None: sequence s reads state_in[state_index[s]]
-            and writes state_out[state_index[s]]; None means slot s.
+        The cache options (state_index, has_initial, skip_slot) are CacheSlots'; and
         state_out_index: (nseq,) int32/int64 or None: sequence s writes state_out[state_out_index[s]]
             instead (decode into another slot).
-        has_initial: (nseq,) bool or None: where False, sequence s starts from zeros instead of
-            reading state_in.
-        skip_slot: int or None: a sequence whose state_index is skip_slot (an engine's padding
-            row) reads and writes nothing, y and captures included; so does a capture whose row
-            is skip_slot (an engine declining it).
     Outputs (written by the backend):
         y: (batch, seqlen, nheads, headdim); state_out: (nslots, nheads, headdim, dstate) float32
             (or state_in's dtype for a decode state pool: stored rounded, computed in float32);
@@ -71,15 +65,12 @@ class ScanProblem:
     dt_max: float
     a_per_state: bool
     state_in: torch.Tensor | None
-    state_index: torch.Tensor | None
     seqs: Sequences
     captures: CaptureTable
     y: torch.Tensor
     state_out: torch.Tensor
     captured: torch.Tensor
     state_out_index: torch.Tensor | None = None
-    has_initial: torch.Tensor | None = None
-    skip_slot: int | None = None
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
