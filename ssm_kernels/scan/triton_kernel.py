@@ -392,8 +392,8 @@ def _scan_kernel(
 
 
 def launch_config(headdim: int, dstate: int, input_bits: int, a_per_state: bool = False,
-                  gated: bool = False) -> tuple[int, int, int, int, int, int]:
-    """(R, J, PL, L, V, num_warps) for the model dimensions, the bits of B and C's dtype and the
+                  gated: bool = False) -> tuple[int, int, int, int, int]:
+    """(R, J, PL, L, V) of a one-warp program (num_warps=1) for the model dimensions, the bits of B and C's dtype and the
     layout (a_per_state: Mamba-1; gated: y gated by z): tiles of R * PL rows x J * L * V state
     columns. A row's arithmetic does not depend on R.
 
@@ -415,7 +415,7 @@ def launch_config(headdim: int, dstate: int, input_bits: int, a_per_state: bool 
     lanes = block_n // run
     pl = min(triton.next_power_of_2(headdim), max(1, 32 // lanes))
     r = min(triton.next_power_of_2(headdim) // pl, ROWS_PER_THREAD_NARROW if a_per_state or gated else ROWS_PER_THREAD)
-    return r, run // v, pl, lanes, v, 1
+    return r, run // v, pl, lanes, v
 
 
 ROW_RUN = 16
@@ -471,7 +471,7 @@ def run_triton(p: ScanProblem) -> None:
     if nseq == 0:
         return
     nheads, headdim, dstate, ngroups = p.dims
-    r, j, pl, lanes, v, num_warps = launch_config(headdim, dstate, p.B.element_size() * 8, p.a_per_state, p.z is not None)
+    r, j, pl, lanes, v = launch_config(headdim, dstate, p.B.element_size() * 8, p.a_per_state, p.z is not None)
     block_p = r * pl
     pairs = _reads_pairs(p.B, p.C)
     use_table = not p.a_per_state and p.x.shape[1] > 1
@@ -502,5 +502,5 @@ def run_triton(p: ScanProblem) -> None:
         ROW_PAIRS=r % 2 == 0 and not p.a_per_state and _reads_pairs(p.x, p.z if p.z is not None else p.x, dim=3),
         IS_BF16_X=p.x.dtype == torch.bfloat16,
         DEEP=deep_prefetch(p, pairs),
-        num_warps=num_warps, **EXACT_ROUNDING,
+        num_warps=1, **EXACT_ROUNDING,
     )

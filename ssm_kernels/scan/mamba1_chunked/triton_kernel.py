@@ -192,14 +192,14 @@ def _mamba1_chunk_kernel(
     tl.store(state_out_ptr + i_s * s_out_s + i_g * s_out_g + i_p * s_out_p + o_n2 * s_out_n, h0, mask=m_n2)
 
 
-def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int, int]:
-    """(NR, NL, num_warps): one warp per channel; a thread holds a 128-bit run of tokens for NR
+def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int]:
+    """(NR, NL) of a program, which is one warp per channel (num_warps=1); a thread holds a 128-bit run of tokens for NR
     state entries, the chunk's tokens spread over the lanes and NL lanes share the state
     entries. Small programs keep many warps of a layer in flight."""
     block_n = triton.next_power_of_2(dstate)
     time_lanes = max(1, min(32, chunk // (128 // input_bits)))
     nl = min(block_n, max(1, 32 // time_lanes))
-    return block_n // nl, nl, 1
+    return block_n // nl, nl
 
 
 def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
@@ -210,7 +210,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
         return
     _, _, ngroups, rows = p.x.shape
     dstate = p.A.shape[2]
-    nr, nl, num_warps = launch_config(dstate, chunk, p.B.element_size() * 8)
+    nr, nl = launch_config(dstate, chunk, p.B.element_size() * 8)
     phases = [position % chunk for position in start_positions]
     nchunks = max(triton.cdiv(phase + n, chunk) if n else 0 for n, phase in zip(p.seqs.lengths, phases))
     out = p.state_out
@@ -236,5 +236,5 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
         DT_SOFTPLUS=p.dt_softplus, HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen,
         HAS_POSITIONS=phases is not None, HAS_CAPTURE=cap.count > 0,
         NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32, IS_BF16=stage_dtype == torch.bfloat16,
-        num_warps=num_warps, **EXACT_ROUNDING,
+        num_warps=1, **EXACT_ROUNDING,
     )
