@@ -1,4 +1,9 @@
-"""Mamba-2 layout: mamba2_scan (a prefill pass) and selective_state_update (one decode token)."""
+"""Mamba-2 layout: mamba2_scan (a prefill pass) and selective_state_update (one decode token).
+
+What is bit-identical where, and the accuracy against the float64 references: README.md, section
+"Semantics and exactness". Here: the arguments' checks, and the dispatch to the recurrent kernels
+(dispatch.py) or the chunked path (mamba2_chunked/).
+"""
 from __future__ import annotations
 
 import math
@@ -92,11 +97,10 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         capture: (ncapture, 2) int tensor or a sequence of (sequence index, offset) pairs with
             0 <= offset <= that sequence's length; any order, duplicates allowed.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
-        algorithm: "recurrent" (default; exact at any split, one token at a time), "chunked"
-            (matmuls inside chunks; fast on GPU for long passes; exact at splits on its chunk grid,
-            accurate to rounding elsewhere) or "auto" (recurrent on CPU; on CUDA chunked when the
+        algorithm: "recurrent" (default; one token at a time), "chunked" (matmuls inside chunks;
+            fast on GPU for long passes) or "auto" (recurrent on CPU; on CUDA chunked when the
             longest sequence has at least ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS
-            tokens). See ssm_kernels.scan.mamba2_chunked.
+            tokens). See ssm_kernels.scan.algorithm and ssm_kernels.scan.mamba2_chunked.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
             (default 256). Ignored by "recurrent".
         start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
@@ -109,11 +113,8 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         captured_states: (ncapture, nheads, headdim, dstate) float32, the state after the first
         `offset` tokens of the named sequence, in the order given).
 
-    Exact (algorithm="recurrent"): the same sequence gives bit-identical y and states however it is
-    split into passes (continuing from a captured state), batched, or captured, on one device and
-    backend. The chunked algorithm keeps batching and captures bitwise, and splits at multiples of
-    chunk_size (absolute positions, see start_positions): a pass that starts there continues one
-    longer pass bit for bit. A pass that starts elsewhere agrees with it to rounding only.
+    Exactness per algorithm (splits, batching, captures) and accuracy: README.md, section
+    "Semantics and exactness".
     """
     nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
     check_bool("dt_softplus", dt_softplus)
@@ -174,11 +175,8 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
     Returns:
         y: (batch, nheads, headdim) in x's dtype.
 
-    Exact: with a float32 pool, bit-identical to a one-token mamba2_scan pass from the same
-    state (y and the written state), so it continues a prefill bit for bit. With a 16-bit pool,
-    y is the one-token pass's from the stored state upcast to float32, and the written state is
-    that pass's final state rounded to the pool's dtype: each decode step rounds the state once,
-    so n decode steps are not an n-token pass.
+    Exactness against a one-token mamba2_scan pass, with a float32 or a 16-bit pool: README.md,
+    section "Semantics and exactness".
     """
     if validate:
         nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))

@@ -1,18 +1,14 @@
 """The Mamba-1 scan parallel in time: mamba1_scan(..., algorithm="chunked").
 
-Algorithms of mamba1_scan:
-- "recurrent" (the default): one token at a time, exact at any split, batching and captures.
-- "chunked": chunks of `chunk_size` tokens at the multiples of chunk_size of absolute positions
-  (each sequence's first token at start_positions[s], default 0), a parallel (associative) scan
-  inside each chunk, the state carried from chunk to chunk; the work of a sequence is spread
-  over time as well as channels. A pass that starts at a grid point (from the state there: a
-  captured or final state of an earlier pass) computes every chunk as one longer pass does, so
-  its y, final and captured states are bit-identical to that pass's, on each backend; batching
-  and captures at any offset never change a bit. A pass that starts off the grid agrees with the
-  longer pass to rounding. Accuracy against float64 as the recurrent path's: the chunk's
-  products are reassociated, not approximated.
-- "auto": "recurrent" for CPU tensors; on CUDA "chunked" when the longest sequence of the pass
-  has at least AUTO_CHUNKED_MIN_TOKENS tokens.
+Chunks of `chunk_size` tokens at the multiples of chunk_size of absolute positions (each
+sequence's first token at start_positions[s], default 0), a parallel (associative) scan inside each
+chunk, the state carried from chunk to chunk: the work of a sequence is spread over time as well as
+channels (triton_kernel.py; torch_kernel.py is the same algorithm in PyTorch). The chunk's products
+are reassociated, not approximated.
+
+What this path guarantees, bit for bit and to rounding, and its accuracy: README.md, section
+"Semantics and exactness". The algorithms' names and the "auto" rule: ssm_kernels.scan.algorithm.
+Design and cost: docs/chunked.md.
 """
 from __future__ import annotations
 

@@ -1,28 +1,17 @@
 """The chunked Mamba-2 scan: the fast path of mamba2_scan for long passes (algorithm="chunked").
 
-Algorithms of mamba2_scan:
-- "recurrent" (the default): one token at a time, exact. Any split into passes, any batching and
-  any captures give bit-identical y and states.
-- "chunked": the SSD algorithm (matmuls inside chunks of `chunk_size` tokens, states passed
-  between chunks), as in mamba_ssm's mamba_chunk_scan_combined, but it also returns the state at
-  any offset, not just at chunk boundaries. Captures cost O(chunk) work each and never change y or
-  the final states (bit-identical with and without them).
-  The chunk grid is fixed by absolute positions: boundaries at the multiples of chunk_size, with
-  each sequence's first token at `start_positions[s]` (default 0). A pass that starts at a
-  multiple of chunk_size (from the state at that position: a captured or final state of an
-  earlier pass) computes every chunk as one longer pass does, so its y, final and captured states
-  are bit-identical to that pass's, on each backend. A pass that starts off the grid has a
-  shorter first chunk, other rounding, and matches to within the accuracy below, not bitwise.
-  Accuracy against float64 (RMS-relative): float32 inputs use full-precision (IEEE fp32, no tf32)
-  matmuls and stay within 1e-4; bfloat16/float16 inputs run the matmuls in bfloat16 (float16's
-  range is too small for the chunk-start states and C B^T) with fp32 accumulation and stay within
-  1e-2. Returned states are float32; a 16-bit pass's captures
-  inside chunks are combined from 16-bit intermediates (the chunk-start state and the partial
-  sum), so their error is a little above the final state's (triton_kernel.py).
-  backend="triton" runs the Triton kernels (triton_kernel.py); backend="torch" runs the same
-  algorithm in PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype).
-- "auto": "recurrent" for CPU tensors; for CUDA tensors "chunked" when the longest sequence of
-  the pass has at least AUTO_CHUNKED_MIN_TOKENS tokens, else "recurrent".
+The SSD algorithm (matmuls inside chunks of `chunk_size` tokens, states passed between chunks), as
+in mamba_ssm's mamba_chunk_scan_combined, but it also returns the state at any offset, not just at
+chunk boundaries: a capture costs O(chunk) work. The chunk grid is fixed by absolute positions:
+boundaries at the multiples of chunk_size, each sequence's first token at `start_positions[s]`
+(default 0); tables.py (ChunkTables) cuts sequences into chunks and places the captures, the same
+for both backends. backend="triton" runs the kernels of triton_kernel.py (their docstring: the
+pipeline, the matmul dtypes, how captures are formed); backend="torch" runs the same algorithm in
+PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype).
+
+What this path guarantees, bit for bit and to rounding, and its accuracy: README.md, section
+"Semantics and exactness". The algorithms' names and the "auto" rule: ssm_kernels.scan.algorithm.
+Design and cost: docs/chunked.md.
 """
 from __future__ import annotations
 
