@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -24,8 +25,35 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 POISON_OUTPUTS = False
 
 
-def new_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised output tensor (NaN-filled while POISON_OUTPUTS is set)."""
+def device_memory(device: torch.device) -> int | None:
+    """The bytes of memory of `device` (a GPU's, or the host's physical memory for the CPU), or
+    None where that is unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):
+            return None
+    return None
+
+
+def check_fits(name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse a tensor larger than its device's whole memory before allocating it: the
+    allocator's own error for such a size (from shapes that ask for 2^40 tokens, say) names no
+    argument."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    memory = device_memory(device)
+    if memory is not None and nbytes > memory:
+        raise ValueError(f"{name} of shape {tuple(shape)} ({str(dtype).replace('torch.', '')}) would need "
+                         f"{nbytes} bytes ({nbytes / 2**30:.1f} GiB), more than the {memory / 2**30:.1f} GiB of "
+                         f"memory of {device}: pass fewer tokens, sequences or captures")
+
+
+def new_output(*shape: int, dtype: torch.dtype, device: torch.device, name: str = "an output") -> torch.Tensor:
+    """An uninitialised output tensor (NaN-filled while POISON_OUTPUTS is set), called `name` in
+    the error for a size beyond the device's memory."""
+    check_fits(name, shape, dtype, device)
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
@@ -79,10 +107,20 @@ def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def check_tensor_args(required: dict, optional: dict | None = None) -> None:
+    """Every tensor argument of a public op, checked to be a tensor before anything reads its
+    attributes: {name: value}, where an optional one may also be None."""
+    for name, t in required.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (optional or {}).items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+
+
 def check_tensor(name: str, t, dims: Sequence[tuple[str, int | None]], dtypes=None) -> torch.Tensor:
     """Check that `t` is a tensor with data, of the named shape (None matches any size) and dtype."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensor_args({name: t})
     check_has_data(name, t)
     names = ", ".join(n for n, _ in dims)
     if t.ndim != len(dims):
@@ -119,14 +157,23 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
-def check_int(name: str, value) -> int:
-    """`value` as an int (anything with __index__, not a bool), else TypeError naming `name`."""
+def check_int(name: str, value, minimum: int | None = None) -> int:
+    """`value` as an int (anything with __index__, not a bool: True is not a count or a
+    position), else TypeError naming `name`; below `minimum` (where given), ValueError."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
     try:
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_optional_int(name: str, value, minimum: int | None = None) -> int | None:
+    """As check_int, None passing through (a slot id that may be absent, say)."""
+    return None if value is None else check_int(name, value, minimum)
 
 
 def check_dt_limit(dt_limit) -> tuple[float, float]:
@@ -173,6 +220,62 @@ def check_inplace_target(name: str, t: torch.Tensor) -> torch.Tensor:
                          f"expanded view): an in-place update would write one element through several indices; "
                          f"pass a tensor with its own memory per element (e.g. {name}.contiguous())")
     return t
+
+
+def _byte_layout(t: torch.Tensor) -> tuple[int, list[tuple[int, int]], int]:
+    """t's bytes: (address of its first element, [(stride, size)] in bytes of its dims that
+    reach new bytes (size > 1, stride > 0) by decreasing stride, element size)."""
+    size = t.element_size()
+    dims = sorted(((st * size, n) for n, st in zip(t.shape, t.stride()) if n > 1 and st > 0), reverse=True)
+    return t.data_ptr(), dims, size
+
+
+def _last_byte(dims, size: int) -> int:
+    return sum((n - 1) * st for st, n in dims) + size - 1
+
+
+def _may_share_bytes(a_start, a_dims, a_size, b_start, b_dims, b_size) -> bool:
+    """Whether two strided byte sets may share a byte. Exact where both step their outermost
+    dim by the same stride with each step's bytes inside it (views of one buffer cut alike: row
+    ranges, column slices, heads), recursively; elsewhere by their spans (conservative: an
+    interleaved but disjoint pair counts as sharing)."""
+    a_last, b_last = _last_byte(a_dims, a_size), _last_byte(b_dims, b_size)
+    if a_start + a_last < b_start or b_start + b_last < a_start:
+        return False
+    if not a_dims or not b_dims or a_dims[0][0] != b_dims[0][0]:
+        return True
+    (stride, na), (_, nb) = a_dims[0], b_dims[0]
+    a_inner, b_inner = a_dims[1:], b_dims[1:]
+    a_reach, b_reach = _last_byte(a_inner, a_size), _last_byte(b_inner, b_size)
+    if a_reach >= stride or b_reach >= stride:
+        return True
+    # Step i of a and step j of b start at a_start + i * stride and b_start + j * stride and stay
+    # within `stride` bytes, so they can meet only for the one or two values of k = i - j below.
+    d = b_start - a_start
+    for k in range(-((a_reach - d) // stride), (d + b_reach) // stride + 1):
+        if max(0, k) < min(na, nb + k) and _may_share_bytes(0, a_inner, a_size, d - k * stride, b_inner, b_size):
+            return True
+    return False
+
+
+def check_written(written: dict, read: dict) -> None:
+    """The tensors a call writes ({name: tensor}: outputs, caches updated in place) against
+    every tensor it reads or writes ({name: tensor or None}): each written one a valid in-place
+    target (check_inplace_target), and none sharing memory with another (the kernels would
+    overwrite an input they still read, or one output with another: y with the final state)."""
+    for name, t in written.items():
+        check_inplace_target(name, t)
+    present = [(n, t) for n, t in {**written, **read}.items() if isinstance(t, torch.Tensor) and t.numel()]
+    layouts = {n: _byte_layout(t) for n, t in present}
+    for i, (name, t) in enumerate(present):
+        if name not in written:
+            break  # two inputs may share memory: nothing writes them
+        for other, u in present[i + 1:]:
+            if t.device == u.device and _may_share_bytes(*layouts[name], *layouts[other]):
+                raise ValueError(f"{name} must not overlap {other} in memory (shape {tuple(t.shape)}, strides "
+                                 f"{t.stride()} and {tuple(u.shape)}, {u.stride()}, from one buffer): the kernels "
+                                 f"write {name}, which would change {other} while it is in use; pass tensors that "
+                                 "do not share memory")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,8 +458,7 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
     checked): in range, or pad_slot_id in state_indices for a padded row; no two live rows writing
     one slot, and no row writing a slot that another live row reads (the rows run in parallel)."""
     in_range = lambda slot: 0 <= slot and (nslots is None or slot < nslots)
-    if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
-        raise TypeError(f"pad_slot_id must be an int or None, got {pad_slot_id!r}")
+    pad_slot_id = check_optional_int("pad_slot_id", pad_slot_id)
     if state_indices is None:
         if nslots is not None and batch > nslots:
             raise ValueError(f"without state_indices the batch ({batch}) must not exceed state's slots ({nslots})")

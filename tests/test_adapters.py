@@ -320,6 +320,9 @@ def test_restore_rejects_bad_snapshots(family, device):
         ([s for i, s in enumerate(good) if i % 2 == 0], ValueError, "batch 1|same number"),
         ([Snapshot(s.position, s.conv, s.ssm) for s in good], TypeError, "must be a LayerSnapshot"),
         ([], ValueError, "needs snapshots"),
+        # A bool passed the int check: True restored the state as position 1.
+        ([swap(s, position=True) for s in good], TypeError, r"snapshots\[0\].position must be an int, got True"),
+        ([swap(s, layer=True) for s in good], TypeError, r"snapshots\[0\].layer must be an int, got True"),
     ]
     for bad, error, message in cases:
         if message is None:
@@ -329,6 +332,8 @@ def test_restore_rejects_bad_snapshots(family, device):
         assert_same_states(cache_states(cache, layers), before)
     with pytest.raises(ValueError, match="expected position"):
         restore_states(model, cache, good, position=CAPTURE[1] + 1)
+    with pytest.raises(TypeError, match="position must be an int, got float"):
+        restore_states(model, cache, good, position=float(CAPTURE[1]))
     assert_same_states(cache_states(cache, layers), before)
 
 
@@ -402,7 +407,10 @@ def test_unsupported_models_and_calls_are_rejected(device):
         mixer(torch.randn(1, 4, 32, device=device), seq_idx=torch.zeros(1, 4, dtype=torch.int32, device=device))
     with pytest.raises(TypeError, match="exactly one"), capture_states(model):
         pass
-    with pytest.raises(ValueError, match="non-negative"), capture_states(model, positions=[-1]):
+    with pytest.raises(ValueError, match=r"positions\[0\] must be >= 0, got -1"), capture_states(model, positions=[-1]):
+        pass
+    with pytest.raises(TypeError, match=r"offsets\[1\] must be an int, got True"), \
+            capture_states(model, offsets=[2, True]):
         pass
     cache = DynamicCache(config=model.config)
     with pytest.raises(ValueError, match="past this pass"), capture_states(model, offsets=[PROMPT + 1]):

@@ -195,3 +195,161 @@ def test_conv_in_place_with_taps_past_a_time_tile(backend):
     want = causal_conv1d(x[None], w, initial_states=before[1:2], backend=backend)
     assert torch.equal(out, want.out[0]) and torch.equal(cache[1], want.final_states[0])
     assert torch.equal(cache[0], before[0])
+
+
+def _ops(T=5, nslots=3):
+    """Every engine op with valid arguments: {name: (call(**changes), written caches)}."""
+    cu = torch.tensor([0, 2, T])
+    pb, db = engine.prefill_batch(cu, torch.tensor([0, 1])), engine.decode_batch(torch.tensor([0, 2]))
+    x, dt, A, B, C = _mamba2(T)
+    u, delta, A1, B1, C1 = _mamba1(T)
+    xc, w = torch.randn(DIM, T), torch.randn(DIM, WIDTH)
+    cache, cache1, conv_cache = torch.zeros(nslots, H, P, N), torch.zeros(nslots, DIM, N), torch.zeros(nslots, DIM,
+                                                                                                        WIDTH - 1)
+    rows = lambda t: t[:2]
+    cols = lambda t: t[:, :2].t()
+    args = {
+        "mamba2_prefill": (pb, dict(x=x, dt=dt, A=A, B=B, C=C, ssm_state=cache, out=torch.empty_like(x),
+                                    D=torch.randn(H), z=torch.randn_like(x), dt_bias=torch.randn(H))),
+        "mamba2_decode": (db, dict(x=rows(x), dt=rows(dt), A=A, B=rows(B), C=rows(C), ssm_state=cache,
+                                   out=torch.empty_like(rows(x)), D=torch.randn(H), z=torch.randn_like(rows(x)),
+                                   dt_bias=torch.randn(H))),
+        "mamba1_prefill": (pb, dict(u=u, delta=delta, A=A1, B=B1, C=C1, ssm_state=cache1, out=torch.empty_like(u),
+                                    D=torch.randn(DIM), z=torch.randn_like(u), delta_bias=torch.randn(DIM))),
+        "mamba1_decode": (db, dict(u=cols(u), delta=cols(delta), A=A1, B=cols(B1), C=cols(C1), ssm_state=cache1,
+                                   out=torch.empty(2, DIM), D=torch.randn(DIM), z=torch.randn(2, DIM),
+                                   delta_bias=torch.randn(DIM))),
+        "conv_prefill": (pb, dict(x=xc, weight=w, bias=torch.randn(DIM), conv_state=conv_cache,
+                                  out=torch.empty_like(xc))),
+        "conv_decode": (db, dict(x=cols(xc).contiguous(), weight=w, bias=torch.randn(DIM), conv_state=conv_cache,
+                                 out=torch.empty(2, DIM))),
+    }
+    return args
+
+
+def _call(op, batch, kw):
+    return getattr(engine, op)(batch, **kw)
+
+
+@pytest.mark.parametrize("op", ["mamba2_prefill", "mamba2_decode", "mamba1_prefill", "mamba1_decode", "conv_prefill",
+                                "conv_decode"])
+def test_every_tensor_argument_is_type_checked(op):
+    """A list (or None for a required tensor) where a tensor belongs: a TypeError naming it, not
+    an AttributeError from inside."""
+    batch, kw = _ops()[op]
+    for name in kw:
+        for bad in ([1.0, 2.0], None) if name not in ("D", "z", "dt_bias", "delta_bias", "bias") else ([1.0],):
+            with pytest.raises(TypeError, match=rf"^{name} must be a torch.Tensor"):
+                _call(op, batch, {**kw, name: bad})
+
+
+def _overlapping_outs(op, kw):
+    """(description, changes, message) of outputs that share memory with another argument."""
+    cache_name = "conv_state" if op.startswith("conv") else "ssm_state"
+    out, cache = kw["out"], kw[cache_name]
+    first = next(iter(kw))  # x or u
+    expanded = out[:1].expand_as(out) if out.shape[0] > 1 else out[:, :1].expand_as(out)
+    on_cache = torch.zeros(cache.numel() + out.numel())  # y would be overwritten by the final states
+    in_cache = on_cache[:cache.numel()].view(cache.shape)
+    out_in_cache = on_cache[cache.numel() // 2:][:out.numel()].view(out.shape)
+    cases = [
+        ("expanded out", dict(out=expanded), "out has overlapping memory"),
+        ("out over the cache", {"out": out_in_cache, cache_name: in_cache}, f"out must not overlap {cache_name}"),
+        ("out over an input", dict(out=kw[first]), f"out must not overlap {first}"),
+        ("cache over an input", {cache_name: in_cache, first: on_cache[:kw[first].numel()].view(kw[first].shape)},
+         f"{cache_name} must not overlap {first}"),
+    ]
+    if "z" in kw:
+        cases.append(("out over the gate", dict(out=kw["z"]), "out must not overlap z"))
+    return cases
+
+
+@pytest.mark.parametrize("op", ["mamba2_prefill", "mamba2_decode", "mamba1_prefill", "mamba1_decode", "conv_prefill",
+                                "conv_decode"])
+def test_outputs_sharing_memory_with_other_arguments_are_refused(op):
+    """An expanded out (rows writing over each other), an out over the state cache (y overwritten
+    by the final states) or over an input: refused before anything is written."""
+    batch, kw = _ops()[op]
+    for what, changes, message in _overlapping_outs(op, kw):
+        args = {**kw, **changes}
+        before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+        with pytest.raises(ValueError, match=message):
+            _call(op, batch, args)
+        for k, v in before.items():
+            assert torch.equal(args[k], v), f"{what}: the refused call wrote {k}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_disjoint_slices_of_one_buffer_are_accepted(backend):
+    """x, out and the cache cut from one buffer without sharing an element run as separate tensors
+    do (the overlap check is exact for views cut alike)."""
+    T = 6
+    batch = engine.prefill_batch(torch.tensor([0, 2, T]), torch.tensor([0, 1]),
+                                 has_initial_state=torch.tensor([True, False]))
+    x, dt, A, B, C = _mamba2(T)
+    init = torch.randn(2, H, P, N)
+    buf = torch.full((T, 3, H, P), float("nan"))  # per token: [x | out | unused]
+    buf[:, 0] = x
+    cache_buf = torch.zeros(2, 2, H, P, N)  # [slot][cache | other]
+    cache_buf[:, 0] = init
+    engine.mamba2_prefill(batch, buf[:, 0], dt, A, B, C, ssm_state=cache_buf[:, 0], out=buf[:, 1], backend=backend)
+    cache, out = init.clone(), torch.empty_like(x)
+    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, backend=backend)
+    assert torch.equal(buf[:, 1], out) and torch.equal(cache_buf[:, 0], cache)
+    assert torch.equal(buf[:, 0], x) and not cache_buf[:, 1].any()
+
+
+@pytest.mark.parametrize("flag", ["no", "", 1, torch.tensor(True)])
+def test_batch_validate_flag_must_be_a_bool(flag):
+    """validate="no" would validate (truthy) and validate="" would silently skip validation."""
+    with pytest.raises(TypeError, match=r"validate must be a bool \(True or False\)"):
+        engine.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), validate=flag)
+    with pytest.raises(TypeError, match=r"validate must be a bool \(True or False\)"):
+        engine.decode_batch(torch.tensor([0]), validate=flag)
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(nslots="8"), TypeError, "nslots must be an int, got str"),
+    (dict(nslots=True), TypeError, "nslots must be an int, got True"),
+    (dict(nslots=0), ValueError, "nslots must be >= 1, got 0"),
+    (dict(skip_slot=1.0), TypeError, "skip_slot must be an int, got float"),
+    (dict(skip_slot=False), TypeError, "skip_slot must be an int, got False"),
+])
+def test_batch_ints_are_checked(changes, error, message):
+    with pytest.raises(error, match=message):
+        engine.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), **changes)
+    with pytest.raises(error, match=message):
+        engine.decode_batch(torch.tensor([0]), **changes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("positions", [None, [0, 16]])
+def test_has_initial_state_may_be_a_host_list_of_bools(backend, positions):
+    """An engine's host bools give the batch a tensor's results (with and without the host step
+    of start_positions)."""
+    T = 7
+    cu, slots = torch.tensor([0, 3, T]), torch.tensor([1, 0])
+    x, dt, A, B, C = _mamba2(T)
+    init = torch.randn(2, H, P, N)
+    results = []
+    for flags in ([False, True], torch.tensor([False, True])):
+        batch = engine.prefill_batch(cu, slots, has_initial_state=flags, start_positions=positions)
+        cache, out = init.clone(), torch.empty_like(x)
+        engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, backend=backend)
+        results.append((cache, out))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    ref = mamba2_scan(x[None], dt[None], A, B[None], C[None], cu_seqlens=cu,
+                      initial_states=torch.stack([torch.zeros(H, P, N), init[0]]), backend=backend)
+    assert torch.equal(results[0][1], ref.y[0])
+    assert torch.equal(results[0][0][1], ref.final_states[0]) and torch.equal(results[0][0][0], ref.final_states[1])
+
+
+@pytest.mark.parametrize("flags, error, message", [
+    ([1, 0], TypeError, r"has_initial_state\[0\] must be a bool \(True or False\), got 1"),
+    ([True], ValueError, r"has_initial_state must hold one bool per sequence \(2\), got 1"),
+    ("yes", TypeError, "has_initial_state must be a \\(nseq,\\) bool tensor or a list of bools, got str"),
+    (torch.tensor([1, 0]), TypeError, "has_initial_state must have dtype bool"),
+])
+def test_bad_has_initial_state_is_named(flags, error, message):
+    with pytest.raises(error, match=message):
+        engine.prefill_batch(torch.tensor([0, 3, 5]), torch.tensor([0, 1]), has_initial_state=flags)

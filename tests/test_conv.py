@@ -266,3 +266,30 @@ def test_triton_backend_needs_cuda_or_the_interpreter(monkeypatch):
     monkeypatch.setattr(ssm_kernels._triton, "RUNS_ON_CPU", False)
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         call(backend="triton")
+
+
+def test_every_tensor_argument_is_type_checked():
+    kw = conv_inputs(2, 5)
+    update = dict(x=torch.randn(3, DIM), conv_state=torch.randn(4, DIM, WIDTH - 1), weight=torch.randn(DIM, WIDTH),
+                  bias=torch.randn(DIM), state_indices=torch.tensor([2, 0, 1]))
+    for fn, named, optional in ((causal_conv1d, kw, ("bias", "initial_states")),
+                                (causal_conv1d_update, update, ("bias", "state_indices"))):
+        for name in named:
+            for bad in ([1.0],) if name in optional else ([1.0], None):
+                with pytest.raises(TypeError, match=rf"^{name} must be a torch.Tensor"):
+                    fn(**{**named, name: bad})
+
+
+def test_update_refuses_a_conv_state_over_its_input():
+    """x read from the pool it shifts in place: the update would change x under the kernel."""
+    conv_state = torch.randn(4, DIM, WIDTH - 1)
+    before = conv_state.clone()
+    with pytest.raises(ValueError, match="conv_state must not overlap x in memory"):
+        causal_conv1d_update(conv_state[:3, :, 0], conv_state, torch.randn(DIM, WIDTH))
+    assert torch.equal(conv_state, before)
+
+
+def test_outputs_beyond_the_device_memory_are_refused_by_name():
+    x = torch.randn(1, 1, 1).expand(1, DIM, 2 ** 40)
+    with pytest.raises(ValueError, match=r"out of shape \(1, 12, 1099511627776\) \(float32\) would need \d+ bytes"):
+        causal_conv1d(x, torch.randn(DIM, WIDTH), backend="torch")

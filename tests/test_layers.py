@@ -301,3 +301,68 @@ def test_bad_hidden_states_and_captures_are_rejected():
         with pytest.raises(ValueError, match=r"snapshots\[0\].position must be >= 0, got -3"):
             snap = other.initial_state().snapshot(0)
             other.restore(type(snap)(-3, snap.conv, snap.ssm))
+
+
+@pytest.mark.parametrize("kind, changes, error, message", [
+    ("mamba2", dict(head_dim=-1), ValueError, "head_dim must be >= 1, got -1"),
+    ("mamba2", dict(hidden_size=2.5), TypeError, "hidden_size must be an int, got float"),
+    ("mamba2", dict(num_heads=True), TypeError, "num_heads must be an int, got True"),
+    ("mamba2", dict(dtype=torch.int64), TypeError, r"dtype must be float32, float16, bfloat16 or None .* torch.int64"),
+    ("mamba2", dict(dtype=torch.float64), TypeError, "dtype must be float32, float16, bfloat16 or None"),
+    ("mamba2", dict(n_groups=3), ValueError, r"num_heads \(4\) must be a multiple of n_groups \(3\)"),
+    ("mamba2", dict(state_size=300), ValueError, "state_size 300 is beyond the kernels' limit of 256"),
+    ("mamba2", dict(use_bias="no"), TypeError, r"use_bias must be a bool \(True or False\), got 'no'"),
+    ("mamba2", dict(use_conv_bias=0), TypeError, "use_conv_bias must be a bool"),
+    ("mamba2", dict(layer_norm_epsilon=-1e-5), ValueError, "layer_norm_epsilon must be > 0"),
+    ("mamba2", dict(time_step_min=0.5, time_step_max=0.1), ValueError, "time_step_min .* must not exceed time_step_max"),
+    ("mamba2", dict(time_step_floor="1e-4"), TypeError, "time_step_floor must be a finite real number"),
+    ("mamba2", dict(time_step_limit=(1.0, 0.0)), ValueError, "dt_limit must satisfy min <= max"),
+    ("mamba2", dict(backend="cuda"), ValueError, "backend must be one of"),
+    ("mamba2", dict(algorithm="fast"), ValueError, "algorithm must be one of"),
+    ("mamba2", dict(chunk_size=17), ValueError, "chunk_size must be a power of two"),
+    ("mamba1", dict(intermediate_size=0), ValueError, "intermediate_size must be >= 1, got 0"),
+    ("mamba1", dict(conv_kernel=0), ValueError, "conv_kernel must be >= 1, got 0"),
+    ("mamba1", dict(time_step_rank=2.5), TypeError, "time_step_rank must be an int, got float"),
+    ("mamba1", dict(state_size=-8), ValueError, "state_size must be >= 1"),
+    ("mamba1", dict(dtype=torch.int32), TypeError, "dtype must be float32, float16, bfloat16 or None"),
+    ("mamba1", dict(use_bias="no"), TypeError, "use_bias must be a bool"),
+    ("mamba1", dict(backend=None), ValueError, "backend must be one of"),
+])
+def test_constructor_arguments_are_checked(kind, changes, error, message):
+    """Before any parameter is built: torch's own errors name no argument, and some bad values
+    (a conv kernel of 0, a truncated time_step_rank) built a layer that failed later or silently."""
+    base = dict(hidden_size=HIDDEN, num_heads=4, head_dim=8, state_size=16, n_groups=2) if kind == "mamba2" else \
+        dict(hidden_size=HIDDEN, intermediate_size=24, state_size=8)
+    with pytest.raises(error, match=message):
+        (Mamba2Mixer if kind == "mamba2" else Mamba1Mixer)(**{**base, **changes})
+
+
+def test_initial_state_sizes_are_checked():
+    layer = mamba2()
+    with pytest.raises(TypeError, match="nseq must be an int, got True"):
+        layer.initial_state(True)
+    with pytest.raises(ValueError, match=r"the conv states of shape \(1099511627776, 96, 3\) .* would need"):
+        layer.initial_state(2 ** 40)
+
+
+def test_step_refuses_states_that_share_memory():
+    """state.conv and state.ssm cut from one buffer over each other: the step's conv update would
+    change the SSM state it then reads."""
+    for layer in (mamba2(), mamba1()):
+        state = layer.initial_state(1)
+        buf = torch.zeros(state.conv.numel() + state.ssm.numel())
+        shared = LayerState(buf[:state.conv.numel()].view(state.conv.shape),
+                            buf[:state.ssm.numel()].view(state.ssm.shape), state.positions)
+        with pytest.raises(ValueError, match="state.conv must not overlap state.ssm in memory"):
+            layer.step(torch.randn(1, HIDDEN), shared)
+        assert not buf.any() and shared.positions == (0,)
+
+
+def test_snapshot_parts_and_indices_are_type_checked():
+    layer = mamba2()
+    state = layer.initial_state(2)
+    with pytest.raises(TypeError, match="index must be an int, got True"):
+        state.snapshot(True)
+    snap = state.snapshot(1)
+    with pytest.raises(TypeError, match=r"snapshots\[0\].conv must be a torch.Tensor, got list"):
+        layer.restore(type(snap)(snap.position, snap.conv.tolist(), snap.ssm))

@@ -48,6 +48,37 @@ def test_selective_scan_fn_rejects_complex_a(device):
         selective_scan_fn(kw["u"], kw["delta"], kw["A"].to(torch.complex64), kw["B"], kw["C"])
 
 
+def test_selective_scan_fn_refuses_zero_groups():
+    """B with ngroups 0 next to a C of another layout: a ValueError naming B, not a ZeroDivisionError."""
+    kw = mamba1_inputs(1, 3, dim=4, dstate=8)
+    with pytest.raises(ValueError, match=r"B must have at least one group, got shape \(1, 0, 8, 3\)"):
+        selective_scan_fn(kw["u"], kw["delta"], kw["A"], torch.randn(1, 0, 8, 3), kw["C"])
+    with pytest.raises(ValueError, match="ngroups must be at least 1, got 0"):
+        selective_scan_fn(kw["u"], kw["delta"], kw["A"], torch.randn(1, 0, 8, 3), torch.randn(1, 0, 8, 3))
+
+
+def test_every_tensor_argument_is_type_checked():
+    """A list where a tensor belongs (or None where one is required): a TypeError naming it."""
+    m1, m2 = mamba1_inputs(1, 4, dim=4, dstate=2), mamba2_inputs(1, 6)
+    x, dt, A, A3, B, C = _decode_inputs("cpu")
+    calls = [
+        (selective_scan_fn, dict(u=m1["u"], delta=m1["delta"], A=m1["A"], B=m1["B"], C=m1["C"], D=m1["D"],
+                                 z=m1["z"], delta_bias=m1["delta_bias"])),
+        (mamba_chunk_scan_combined, dict(x=m2["x"], dt=m2["dt"], A=m2["A"], B=m2["B"], C=m2["C"], chunk_size=4,
+                                         D=m2["D"], z=m2["z"], dt_bias=m2["dt_bias"])),
+        (selective_state_update, dict(state=torch.zeros(2, *x.shape[1:], 16), x=x, dt=dt[..., None].expand_as(x),
+                                      A=A3, B=B, C=C, state_batch_indices=torch.tensor([1, 0]))),
+    ]
+    for fn, named in calls:
+        for name, value in named.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            optional = name in ("D", "z", "delta_bias", "dt_bias", "state_batch_indices")
+            for bad in ([1.0],) if optional else ([1.0], None):
+                with pytest.raises(TypeError, match=rf"^{name} must be a torch.Tensor"):
+                    fn(**{**named, name: bad})
+
+
 # ---------------------------------------------------------------------------------------------
 # mamba_chunk_scan_combined
 # ---------------------------------------------------------------------------------------------
@@ -297,3 +328,24 @@ def test_state_update_rejections_write_nothing(bad, error, message, device):
     with pytest.raises(error, match=message):
         selective_state_update(**args)
     assert torch.equal(state.detach(), before)
+
+
+def test_state_update_groups_must_divide_heads_on_the_per_channel_path():
+    """2 heads with 4 groups: mamba_ssm refuses it, and so does the tied (Mamba-2) path here; the
+    per-channel path took it and mapped the groups onto channels."""
+    nheads, dim, dstate = 2, 4, 8
+    state = torch.zeros(1, nheads, dim, dstate)
+    args = (torch.randn(1, nheads, dim), torch.randn(1, nheads, dim), -torch.rand(nheads, dim, dstate),
+            torch.randn(1, 4, dstate), torch.randn(1, 4, dstate))
+    with pytest.raises(ValueError, match=r"nheads \(2\) must be a multiple of ngroups \(4\)"):
+        selective_state_update(state, *args)
+    assert not state.any()
+
+
+def test_state_update_refuses_a_state_over_its_inputs(device):
+    x, dt, A, A3, B, C = _decode_inputs(device)
+    state = torch.randn(2, *x.shape[1:], 16, device=device)
+    before = state.clone()
+    with pytest.raises(ValueError, match="state must not overlap x in memory"):
+        selective_state_update(state, state[0, :, :, :2].permute(2, 0, 1), dt[..., None].expand_as(x), A3, B, C)
+    assert torch.equal(state, before)

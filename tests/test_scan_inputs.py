@@ -199,3 +199,64 @@ def test_padded_rows_may_share_a_pad_slot_and_destination():
     y = selective_state_update(*args, **named)
     assert torch.equal(y[[0, 2]], torch.zeros_like(y[[0, 2]]))
     assert torch.equal(state[[0, 1, 3]], before[[0, 1, 3]]) and not torch.equal(state[2], before[2])
+
+
+# -------------------------------------------------------------------------------------------
+# Every tensor argument type-checked; flags are bools; outputs beyond the device refused
+# -------------------------------------------------------------------------------------------
+OPTIONAL = ("D", "z", "dt_bias", "delta_bias", "initial_states", "cu_seqlens", "state_indices", "dst_state_indices")
+
+
+def _named_calls():
+    """(public function, its valid arguments by name) for the three scans."""
+    m1 = mamba1_inputs(2, 5)
+    state = decode_args()
+    return [(mamba2_scan, m2(cu_seqlens=None)), (mamba1_scan, m1),
+            (selective_state_update, dict(state, state_indices=torch.tensor([0, 1, 2]),
+                                          dst_state_indices=torch.tensor([3, 1, 2])))]
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["mamba2_scan", "mamba1_scan", "selective_state_update"])
+def test_every_tensor_argument_is_type_checked(which):
+    fn, named = _named_calls()[which]
+    tensors = [k for k, v in named.items() if isinstance(v, torch.Tensor)]
+    for name in tensors:
+        for bad in ([1.0],) if name in OPTIONAL else ([1.0], None):
+            with pytest.raises(TypeError, match=rf"^{name} must be a torch.Tensor"):
+                fn(**{**named, name: bad})
+
+
+@pytest.mark.parametrize("flag", ["no", "", 0, torch.tensor(False)])
+def test_selective_state_update_validate_must_be_a_bool(flag):
+    """validate="no" (truthy) would validate and validate="" would skip every check silently."""
+    named = decode_args()
+    before = named["state"].clone()
+    with pytest.raises(TypeError, match=r"validate must be a bool \(True or False\)"):
+        selective_state_update(**named, validate=flag)
+    assert torch.equal(named["state"], before)
+
+
+def test_selective_state_update_state_over_an_input_is_refused():
+    """x read from the pool it updates: a row's write would change the x another row reads."""
+    named = decode_args()
+    state = named["state"]
+    before = state.clone()
+    x = state[0, :, :, :3].permute(2, 0, 1)  # (3, 4, 8): three tokens' x inside slot 0
+    with pytest.raises(ValueError, match="state must not overlap x in memory"):
+        selective_state_update(**{**named, "x": x})
+    assert torch.equal(state, before)
+
+
+def test_outputs_beyond_the_device_memory_are_refused_by_name():
+    """2^40 tokens (stride-0 inputs, so they cost nothing): a clear error naming the output and
+    its size, before any allocation, instead of the allocator's traceback."""
+    T = 2 ** 40
+    kw = mamba2_inputs(1, 1)
+    big = lambda t: t.expand(1, T, *t.shape[2:])
+    with pytest.raises(ValueError, match=r"y of shape \(1, 1099511627776, 4, 8\) \(float32\) would need "
+                                         r"140737488355328 bytes .* more than the .* GiB of memory of cpu"):
+        mamba2_scan(big(kw["x"]), big(kw["dt"]), kw["A"], big(kw["B"]), big(kw["C"]), backend="torch")
+    kw = mamba1_inputs(1, 1)
+    big = lambda t: t.expand(*t.shape[:-1], T)
+    with pytest.raises(ValueError, match=r"y of shape \(1, 12, 1099511627776\) \(float32\) would need"):
+        mamba1_scan(big(kw["u"]), big(kw["delta"]), kw["A"], big(kw["B"]), big(kw["C"]), backend="torch")

@@ -13,7 +13,6 @@ Positions are absolute token positions of the sequence (the state at p is the on
 """
 from __future__ import annotations
 
-import operator
 import types
 import weakref
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import BACKENDS
+from .._common import BACKENDS, check_int
 from ..layers import Snapshot
 from . import hf_cache
 from .hf_mixers import FAMILIES, FORWARDS, PassContext, geometry
@@ -60,6 +59,7 @@ class Captured(list):
 
     def at(self, position: int) -> "Captured":
         """The snapshots at one position (every SSM layer, every batch row, in order)."""
+        position = check_int("position", position, 0)
         found = Captured(s for s in self if s.position == position)
         if not found:
             raise KeyError(f"no snapshot at position {position}; captured positions: {self.positions}")
@@ -262,13 +262,10 @@ def _adapter(model) -> _Adapter:
 
 def _non_negative_ints(name, values) -> list[int]:
     try:
-        items = [operator.index(v) for v in values]
+        items = list(values)
     except TypeError:
         raise TypeError(f"{name} must be a sequence of ints, got {values!r}") from None
-    bad = [v for v in items if v < 0]
-    if bad:
-        raise ValueError(f"{name} must be non-negative, got {bad}")
-    return sorted(set(items))
+    return sorted({check_int(f"{name}[{i}]", v, 0) for i, v in enumerate(items)})
 
 
 def _pass_length(args, kwargs):
@@ -340,11 +337,16 @@ def restore_states(model, cache, snapshots, *, position: int | None = None):
     state to the position the attention cache is at). On any ValueError/TypeError the cache is
     left as it was.
     """
+    if position is not None:
+        check_int("position", position, 0)
     layers = _ssm_layers(model)
     snapshots = list(snapshots) if not isinstance(snapshots, Snapshot) else [snapshots]
     for i, snap in enumerate(snapshots):
         if not isinstance(snap, LayerSnapshot):
             raise TypeError(f"snapshots[{i}] must be a LayerSnapshot (from capture_states), got {type(snap).__name__}")
+        # A bool passes for an int elsewhere: True would restore a state as position 1.
+        check_int(f"snapshots[{i}].position", snap.position, 0)
+        check_int(f"snapshots[{i}].layer", snap.layer, 0)
     if not snapshots:
         raise ValueError("restore_states needs snapshots, got none")
     by_layer: dict[int, list[LayerSnapshot]] = {}
@@ -414,5 +416,3 @@ def _check_snapshot(snap: LayerSnapshot, geo, row: int):
         raise TypeError(f"{where}: the SSM state must be float32, got {snap.ssm.dtype}")
     if not snap.conv.dtype.is_floating_point:
         raise TypeError(f"{where}: the conv state must be floating point, got {snap.conv.dtype}")
-    if not isinstance(snap.position, int) or snap.position < 0:
-        raise ValueError(f"{where}: position must be a non-negative int, got {snap.position!r}")

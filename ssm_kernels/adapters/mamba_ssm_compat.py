@@ -44,11 +44,12 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_bool, check_inplace_target, check_int, check_state_indices,
-                       check_tensor, make_sequences)
+from .._common import (FLOAT_DTYPES, check_bool, check_int, check_state_indices, check_tensor, check_tensor_args,
+                       check_written, make_sequences)
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
 from ..scan.mamba2 import STATE_DTYPES
+from ..scan.problem import check_scan_sizes
 
 NO_CLAMP = (-math.inf, math.inf)  # selective_state_update: mamba_ssm's decode step never clamps dt
 
@@ -59,8 +60,7 @@ def _real_float(name, t, want_f32=False):
     """Reject complex or non-float tensors; optionally return a float32 copy."""
     if t is None:
         return None
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensor_args({name: t})
     if t.is_complex():
         raise TypeError(f"{name} is complex ({t.dtype}); ssm_kernels scans real-valued SSMs only "
                         "(mamba_ssm's complex S4D variant is not supported)")
@@ -92,6 +92,8 @@ def _bc_layout(B, C, batch, dim, seqlen):
             return t.unsqueeze(0).unsqueeze(-1).expand(batch, dim, t.shape[1], seqlen)
         if t.ndim == 3:
             return t.unsqueeze(1).expand(t.shape[0], dim, *t.shape[1:])
+        if t.shape[1] < 1:
+            raise ValueError(f"{name} must have at least one group, got shape {tuple(t.shape)} (ngroups 0)")
         if dim % t.shape[1]:
             raise ValueError(f"dim ({dim}) must be a multiple of {name}'s ngroups ({t.shape[1]})")
         return t.repeat_interleave(dim // t.shape[1], dim=1)
@@ -113,6 +115,7 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
         out (batch, dim, seqlen) in u's dtype, or (out, last_state (batch, dim, dstate) float32)
         with return_last_state.
     """
+    check_tensor_args(dict(u=u, delta=delta, A=A, B=B, C=C), dict(D=D, z=z, delta_bias=delta_bias))
     A = _real_float("A", A, want_f32=True)
     _real_float("B", B)
     _real_float("C", C)
@@ -203,6 +206,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     chunk = check_int("chunk_size", chunk_size)
     if chunk < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk}")
+    check_tensor_args(dict(x=x, dt=dt, A=A, B=B, C=C), dict(D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                                                           seq_idx=seq_idx, cu_seqlens=cu_seqlens))
     for name, flag in (("dt_softplus", dt_softplus), ("return_final_states", return_final_states),
                        ("return_varlen_states", return_varlen_states)):
         check_bool(name, flag)
@@ -292,10 +297,11 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     Returns:
         out, like x, in x's dtype.
     """
-    for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensor_args(dict(state=state, x=x, dt=dt, A=A, B=B, C=C),
+                      dict(D=D, z=z, dt_bias=dt_bias, state_batch_indices=state_batch_indices))
     check_bool("dt_softplus", dt_softplus)
+    written = dict(state=state)  # before the views below: named as given
+    read = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, state_batch_indices=state_batch_indices)
     has_heads = state.ndim > 3
     if state.ndim == 3:
         state = state.unsqueeze(1)
@@ -318,9 +324,11 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     for name, t in (("D", D), ("dt_bias", dt_bias)):
         if t is not None:
             check_tensor(name, t, [("nheads", nheads), ("dim", dim)], FLOAT_DTYPES)
+    # Head h reads group h // (nheads // ngroups), on either path (mamba_ssm refuses the rest).
+    check_scan_sizes("nheads", nheads, B.shape[1], dstate, dim=dim)
     tied = _broadcast_along(A, (1, 2)) and _broadcast_along(dt, (2,)) and _broadcast_along(dt_bias, (1,))
     A = _real_float("A", A, want_f32=True)
-    check_inplace_target("state", state)
+    check_written(written, read)
     slots = check_state_indices(state_batch_indices, batch, state.shape[0], "state", state.device,
                                 name="state_batch_indices")
 

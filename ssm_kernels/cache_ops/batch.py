@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._common import (INDEX_DTYPES, CaptureTable, Sequences, check_decode_slots, check_tensor,
-                       lengths_from_bounds)
+from .._common import (INDEX_DTYPES, CaptureTable, Sequences, check_bool, check_decode_slots, check_optional_int,
+                       check_tensor, int_tables, lengths_from_bounds)
 from ..scan.algorithm import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
@@ -121,6 +121,25 @@ def _no_captures(nseq: int, device) -> CaptureTable:
     return CaptureTable(torch.zeros(nseq + 1, dtype=torch.int64, device=device), None, None, [])
 
 
+def _has_initial(has_initial_state, nseq: int, device) -> tuple[torch.Tensor | None, list[bool] | None]:
+    """has_initial_state as a dense (nseq,) bool tensor on `device`, and as host bools where it
+    came as a list or tuple of bools (an engine's host data: sent in one copy, never read back)."""
+    if has_initial_state is None:
+        return None, None
+    if isinstance(has_initial_state, torch.Tensor):
+        check_tensor("has_initial_state", has_initial_state, [("nseq", nseq)], (torch.bool,))
+        if has_initial_state.device != device:
+            raise ValueError(f"has_initial_state is on {has_initial_state.device} but cu_seqlens is on {device}")
+        return has_initial_state.contiguous(), None
+    if not isinstance(has_initial_state, (list, tuple)):
+        raise TypeError(f"has_initial_state must be a (nseq,) bool tensor or a list of bools, got "
+                        f"{type(has_initial_state).__name__}")
+    if len(has_initial_state) != nseq:
+        raise ValueError(f"has_initial_state must hold one bool per sequence ({nseq}), got {len(has_initial_state)}")
+    values = [check_bool(f"has_initial_state[{s}]", v) for s, v in enumerate(has_initial_state)]
+    return int_tables(device, values)[0].bool(), values
+
+
 def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_seq=None,
                   capture_offset=None, capture_slot=None, skip_slot=PAD_SLOT_ID, nslots=None,
                   validate=True, start_positions=None) -> PrefillBatch:
@@ -130,7 +149,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         cu_seqlens: (nseq + 1,) int32/int64, the tokens of each sequence in the packed pass.
         state_indices: (nseq,) int32/int64 cache slots: sequence s continues from the state in
             its slot (where has_initial_state[s], else from zeros) and leaves its final state there.
-        has_initial_state: (nseq,) bool, optional (default: every sequence continues).
+        has_initial_state: (nseq,) bool tensor or a list of nseq bools, optional (default: every
+            sequence continues).
         capture_seq, capture_offset, capture_slot: (ncapture,) int32/int64, all or none: write the
             state of sequence capture_seq[i] after capture_offset[i] tokens of this pass into slot
             capture_slot[i] (0 <= offset <= the sequence's length), in the same pass. Any order.
@@ -138,7 +158,7 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
             device and decline some without a host round trip.
         skip_slot: rows whose state_indices entry equals this are skipped (vLLM's PAD_SLOT_ID,
             -1, by default); None computes every row.
-        nslots: the cache's slot count, for validation (optional).
+        nslots: the cache's slot count (an int >= 1), for validation (optional).
         validate: check values on the host (one device sync on CUDA): lengths, slot ranges, that
             live rows' slots are distinct and that no capture lands on a slot a row reads.
             With False nothing is read back; bad values are then undefined behaviour.
@@ -155,11 +175,9 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         raise ValueError("cu_seqlens must hold at least one entry (0)")
     _index("state_indices", state_indices, nseq)
     device = cu_seqlens.device
-    for name, t in (("state_indices", state_indices), ("has_initial_state", has_initial_state)):
-        if t is not None and t.device != device:
-            raise ValueError(f"{name} is on {t.device} but cu_seqlens is on {device}")
-    if has_initial_state is not None:
-        check_tensor("has_initial_state", has_initial_state, [("nseq", nseq)], (torch.bool,))
+    if state_indices.device != device:
+        raise ValueError(f"state_indices is on {state_indices.device} but cu_seqlens is on {device}")
+    has_initial_state, has_initial_host = _has_initial(has_initial_state, nseq, device)
     given = [t is not None for t in (capture_seq, capture_offset, capture_slot)]
     if any(given) and not all(given):
         raise ValueError("capture_seq, capture_offset and capture_slot go together: give all three or none")
@@ -173,16 +191,13 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
                         ("capture_slot", capture_slot)):
             if t.device != device:
                 raise ValueError(f"{name} is on {t.device} but cu_seqlens is on {device}")
-    if skip_slot is not None and (isinstance(skip_slot, bool) or not isinstance(skip_slot, int)):
-        raise TypeError(f"skip_slot must be an int or None, got {skip_slot!r}")
-
-    if validate:
+    skip_slot = check_optional_int("skip_slot", skip_slot)
+    nslots = check_optional_int("nslots", nslots, 1)
+    if check_bool("validate", validate):
         _validate_prefill(cu_seqlens, state_indices, capture_seq if ncap else None, capture_offset,
                           capture_slot, skip_slot, nslots)
     # The kernels index these by row: make them dense (a no-op for the usual contiguous tensors).
     state_indices = state_indices.contiguous()
-    if has_initial_state is not None:
-        has_initial_state = has_initial_state.contiguous()
     # The kernels read lengths from cu_seqlens on the device; the host list here only carries the
     # count (and, on the host path, the true lengths).
     on_host = device.type == "cpu" or validate or start_positions is not None
@@ -214,8 +229,9 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     if start_positions is not None:
         positions = check_start_positions(start_positions, seqs)
         live = lambda s, slot: slot != skip_slot and slots[s] != skip_slot
-        host = HostStep(positions, slots,
-                        has_initial_state.tolist() if has_initial_state is not None else [True] * nseq,
+        if has_initial_host is None:
+            has_initial_host = has_initial_state.tolist() if has_initial_state is not None else [True] * nseq
+        host = HostStep(positions, slots, has_initial_host,
                         [(s, k, slot) for s, k, slot in captures.entries if live(s, slot)])
     return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, ntokens)
 
@@ -275,8 +291,9 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
         _index("dst_state_indices", dst_state_indices, batch)
         if dst_state_indices.device != device:
             raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on {device}")
-    if skip_slot is not None and (isinstance(skip_slot, bool) or not isinstance(skip_slot, int)):
-        raise TypeError(f"skip_slot must be an int or None, got {skip_slot!r}")
+    skip_slot = check_optional_int("skip_slot", skip_slot)
+    nslots = check_optional_int("nslots", nslots, 1)
+    validate = check_bool("validate", validate)
     extremes = ()
     if validate or device.type == "cpu":
         slots = state_indices.tolist()

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_bool, check_dt_limit, check_inplace_target, check_same_device,
-                       check_tensor, resolve_backend)
+from .._common import (FLOAT_DTYPES, check_bool, check_dt_limit, check_same_device, check_tensor,
+                       check_tensor_args, check_written, resolve_backend)
 from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
 from ..conv.triton_kernel import run_triton as run_conv_triton
@@ -42,7 +42,6 @@ def _check_out(name, out, shape, dtype):
 
 def _check_cache(name, cache, dims):
     check_tensor(name, cache, [("nslots", None)] + dims, FLOAT_DTYPES)
-    check_inplace_target(name, cache)
 
 
 def _mamba2_problem(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out, decode):
@@ -57,7 +56,9 @@ def _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, lead):
     nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=lead)
     _check_cache("ssm_state", ssm_state, [("nheads", nheads), ("headdim", headdim), ("dstate", dstate)])
     _check_out("out", out, x.shape, x.dtype)
-    return check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, ssm_state=ssm_state, out=out)
+    device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, ssm_state=ssm_state, out=out)
+    check_written(dict(out=out, ssm_state=ssm_state), dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias))
+    return device
 
 
 def _check_batch(batch, cls, device, cache_name, cache, ntokens=None, token_axis=None):
@@ -143,6 +144,8 @@ def mamba2_decode(batch: DecodeBatch, x, dt, A, B, C, *, ssm_state, out, D=None,
 
 def _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis):
     """u: (dim, ntokens) for prefill, (batch, dim) for decode. Returns (device, ngroups)."""
+    check_tensor_args(dict(u=u, delta=delta, A=A, B=B, C=C, ssm_state=ssm_state, out=out),
+                      dict(D=D, z=z, delta_bias=delta_bias))
     check_tensor("u", u, [("a", None), ("b", None)], FLOAT_DTYPES)
     dim = u.shape[0] if token_axis == 1 else u.shape[1]
     check_tensor("delta", delta, [("a", u.shape[0]), ("b", u.shape[1])], FLOAT_DTYPES)
@@ -167,6 +170,8 @@ def _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axi
     _check_out("out", out, u.shape, u.dtype)
     device = check_same_device(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
                                ssm_state=ssm_state, out=out)
+    check_written(dict(out=out, ssm_state=ssm_state), dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z,
+                                                           delta_bias=delta_bias))
     return device, ngroups
 
 
@@ -230,12 +235,6 @@ def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=No
                                  delta_softplus, ngroups, **_cache_fields(batch, ssm_state, ngroups, True)), backend)
 
 
-def _span(t):
-    """The bytes t's elements lie in: [first, last] addresses (strides are never negative)."""
-    start = t.data_ptr()
-    return start, start + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
-
-
 def _check_conv(x, weight, bias, conv_state, out, activation):
     check_tensor("weight", weight, [("dim", None), ("width", None)], FLOAT_DTYPES + (torch.float64,))
     dim, width = weight.shape
@@ -247,16 +246,13 @@ def _check_conv(x, weight, bias, conv_state, out, activation):
         check_tensor("bias", bias, [("dim", dim)], FLOAT_DTYPES + (torch.float64,))
     _check_cache("conv_state", conv_state, [("dim", dim), ("width - 1", width - 1)])
     _check_out("out", out, x.shape, x.dtype)
-    # The Triton kernel stores a tile's outputs before it reads the inputs of the conv states:
-    # out over x would put outputs into the states. Conservative: interleaved views count too.
-    if x.numel() and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
-        (x0, x1), (o0, o1) = _span(x), _span(out)
-        if x0 <= o1 and o0 <= x1:
-            raise ValueError("out must not overlap x in memory (the conv states are read from x after the "
-                             "outputs are stored): pass a separate out tensor")
     if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state, out=out)
+    device = check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state, out=out)
+    # The Triton kernel stores a tile's outputs before it reads the inputs of the conv states
+    # from x: out over x would put outputs into the states.
+    check_written(dict(out=out, conv_state=conv_state), dict(x=x, weight=weight, bias=bias))
+    return device
 
 
 def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, activation=None,
@@ -272,6 +268,7 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
             captures are written in the cache's dtype.
         out: like x, written.
     """
+    check_tensor_args(dict(x=x, weight=weight, conv_state=conv_state, out=out), dict(bias=bias))
     check_tensor("x", x, [("dim", None), ("ntokens", None)], FLOAT_DTYPES)
     device = _check_conv(x, weight, bias, conv_state, out, activation)
     _check_batch(batch, PrefillBatch, device, "conv_state", conv_state, token_axis=x.shape[1])
@@ -295,6 +292,7 @@ def conv_decode(batch: DecodeBatch, x, weight, bias=None, *, conv_state, out, ac
     conv_prefill. Rows read and write state_indices (a distinct dst_state_indices is not supported
     here: the conv state is shifted in place).
     """
+    check_tensor_args(dict(x=x, weight=weight, conv_state=conv_state, out=out), dict(bias=bias))
     check_tensor("x", x, [("batch", None), ("dim", None)], FLOAT_DTYPES)
     check_tensor("out", out, [("batch", x.shape[0]), ("dim", x.shape[1])], FLOAT_DTYPES)  # 2-D before .t()
     device = _check_conv(x.t(), weight, bias, conv_state, out.t(), activation)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_inplace_target, check_same_device,
-                       check_state_indices, check_tensor, make_capture_table, make_sequences, new_output,
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_same_device, check_state_indices, check_tensor,
+                       check_tensor_args, check_written, make_capture_table, make_sequences, new_output,
                        resolve_backend)
 from .problem import ConvProblem, ConvResult
 from .torch_kernel import run_torch
@@ -80,6 +80,7 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
     Exact: a sequence gives bit-identical outputs and states however it is split into passes
     (continuing from a captured state), batched or captured, on one device and backend.
     """
+    check_tensor_args(dict(x=x, weight=weight), dict(bias=bias, initial_states=initial_states, cu_seqlens=cu_seqlens))
     dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch", "seqlen"))
     device = check_same_device(x=x, weight=weight, bias=bias, initial_states=initial_states)
     seqs = make_sequences(x.shape[0], x.shape[2], cu_seqlens, device)
@@ -90,11 +91,11 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
     backend = resolve_backend(backend, device)
 
     if x.stride(1) == 1 and x.stride(2) != 1:  # channels contiguous: out too, so its stores vectorize
-        out = new_output(x.shape[0], x.shape[2], dim, dtype=x.dtype, device=device).transpose(1, 2)
+        out = new_output(x.shape[0], x.shape[2], dim, dtype=x.dtype, device=device, name="out").transpose(1, 2)
     else:
-        out = new_output(*x.shape, dtype=x.dtype, device=device)
-    final_states = new_output(seqs.count, dim, width - 1, dtype=x.dtype, device=device)
-    captured = new_output(captures.count, dim, width - 1, dtype=x.dtype, device=device)
+        out = new_output(*x.shape, dtype=x.dtype, device=device, name="out")
+    final_states = new_output(seqs.count, dim, width - 1, dtype=x.dtype, device=device, name="final_states")
+    captured = new_output(captures.count, dim, width - 1, dtype=x.dtype, device=device, name="captured_states")
     _run(ConvProblem(x=x, weight=weight, bias=bias, silu=silu, state_in=initial_states, seqs=seqs,
                      captures=captures, out=out, state_out=final_states, captured=captured), backend)
     return ConvResult(out, final_states, captured)
@@ -116,17 +117,18 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
 
     Bit-identical to a one-token causal_conv1d pass from the same state (it is one).
     """
+    check_tensor_args(dict(x=x, conv_state=conv_state, weight=weight), dict(bias=bias, state_indices=state_indices))
     dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch",))
     _check_state("conv_state", conv_state, x, [("nslots", None), ("dim", dim), ("width - 1", width - 1)])
-    check_inplace_target("conv_state", conv_state)
     device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
                                state_indices=state_indices)
+    check_written(dict(conv_state=conv_state), dict(x=x, weight=weight, bias=bias, state_indices=state_indices))
     batch = x.shape[0]
     check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state", device)
     seqs = Sequences(None, [1] * batch, varlen=False)
     backend = resolve_backend(backend, device)
 
-    out = new_output(batch, dim, 1, dtype=x.dtype, device=device)
+    out = new_output(batch, dim, 1, dtype=x.dtype, device=device, name="out")
     # In place by slot: each row's program reads its slot before it overwrites it.
     _run(ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=silu, state_in=conv_state, seqs=seqs,
                      captures=NO_CAPTURES, out=out, state_out=conv_state, captured=conv_state[:0],

@@ -7,15 +7,56 @@ as plain batched ops: faster, and equal to the exact path to rounding only.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from .._common import (FLOAT_DTYPES, check_inplace_target, check_int, check_tensor, make_capture_table,
-                       make_sequences)
+from .._common import (BACKENDS, FLOAT_DTYPES, check_bool, check_fits, check_int, check_tensor, check_tensor_args,
+                       check_written, make_capture_table, make_sequences)
+from ..scan import MAX_DSTATE
 from .rows import exact_linear, exact_rowwise
+
+HIDDEN_ACTS = ("silu", "swish")  # the conv kernel's activation, by either name
+
+
+def check_mixer_args(sizes: dict, flags: dict, positive: dict, *, hidden_act, backend, dtype,
+                     groups: tuple[str, str] | None = None) -> dict[str, int]:
+    """A mixer's constructor arguments, checked before any parameter is built (torch's own
+    errors for them name no argument, and some bad values would build a layer that fails later).
+
+    sizes: {name: int >= 1} (state_size also within the kernels' MAX_DSTATE); flags: {name: bool};
+    positive: {name: finite real > 0} (time_step_min <= time_step_max where both are given);
+    hidden_act: the conv kernel's activation; backend: a kernel backend; dtype: a float dtype of
+    the kernels, or None; groups: (rows, groups) names of two sizes where rows must split evenly
+    into groups. Returns the sizes as ints.
+    """
+    ints = {name: check_int(name, value, 1) for name, value in sizes.items()}
+    if ints.get("state_size", 0) > MAX_DSTATE:
+        raise ValueError(f"state_size {ints['state_size']} is beyond the kernels' limit of {MAX_DSTATE}")
+    if groups is not None and ints[groups[0]] % ints[groups[1]]:
+        raise ValueError(f"{groups[0]} ({ints[groups[0]]}) must be a multiple of {groups[1]} ({ints[groups[1]]})")
+    for name, value in flags.items():
+        check_bool(name, value)
+    for name, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise TypeError(f"{name} must be a finite real number, got {value!r}")
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if positive.get("time_step_min", 0) > positive.get("time_step_max", math.inf):
+        raise ValueError(f"time_step_min ({positive['time_step_min']}) must not exceed time_step_max "
+                         f"({positive['time_step_max']})")
+    if hidden_act not in HIDDEN_ACTS:
+        raise ValueError(f"hidden_act must be 'silu' (the conv kernel's activation), got {hidden_act!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
+        raise TypeError(f"dtype must be {allowed} or None (the kernels' dtypes), got {dtype!r}")
+    return ints
 
 
 def _short(value) -> str:
@@ -83,6 +124,7 @@ class LayerState(ShortRepr):
 
     def snapshot(self, index: int = 0) -> Snapshot:
         """Sequence ``index``'s state as a Snapshot (copies)."""
+        index = check_int("index", index)  # True would take sequence 1
         return Snapshot(self.positions[index], self.conv[index].clone(), self.ssm[index].clone())
 
     def clone(self) -> "LayerState":
@@ -136,9 +178,12 @@ class SSMMixer(nn.Module):
                       device: torch.device | None = None) -> LayerState:
         """Zero states for ``nseq`` sequences at position 0 (dtype: of the conv inputs, default
         the parameters')."""
+        nseq = check_int("nseq", nseq, 0)
         param = next(self.parameters())
         dtype = param.dtype if dtype is None else dtype
         device = param.device if device is None else device
+        check_fits("the conv states", (nseq, *self.conv_state_shape), dtype, torch.device(device))
+        check_fits("the SSM states", (nseq, *self.ssm_state_shape), torch.float32, torch.device(device))
         return LayerState(torch.zeros(nseq, *self.conv_state_shape, dtype=dtype, device=device),
                           torch.zeros(nseq, *self.ssm_state_shape, dtype=torch.float32, device=device),
                           (0,) * nseq)
@@ -153,6 +198,7 @@ class SSMMixer(nn.Module):
             if not isinstance(snap, Snapshot):
                 raise TypeError(f"snapshots[{i}] must be a Snapshot, got {type(snap).__name__}")
             _check_position(f"snapshots[{i}].position", snap.position)
+            check_tensor_args({f"snapshots[{i}].conv": snap.conv, f"snapshots[{i}].ssm": snap.ssm})
             for part, got, want in (("conv", snap.conv, self.conv_state_shape),
                                     ("ssm", snap.ssm, self.ssm_state_shape)):
                 if tuple(got.shape) != tuple(want):
@@ -228,8 +274,7 @@ class SSMMixer(nn.Module):
         if state is None:
             raise TypeError("step needs a LayerState (use initial_state() for zeros)")
         self._check_state(state, hidden_states.shape[0], hidden_states.dtype, hidden_states.device)
-        check_inplace_target("state.conv", state.conv)
-        check_inplace_target("state.ssm", state.ssm)
+        check_written({"state.conv": state.conv, "state.ssm": state.ssm}, dict(hidden_states=hidden_states))
         out = self._step(hidden_states, state)
         state.positions = tuple(p + 1 for p in state.positions)
         return out

@@ -7,10 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._common import check_bool
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba1_scan
-from .common import SSMMixer
+from .common import SSMMixer, check_mixer_args
 
 
 class Mamba1Mixer(SSMMixer):
@@ -30,16 +29,24 @@ class Mamba1Mixer(SSMMixer):
                  time_step_min: float = 0.001, time_step_max: float = 0.1, time_step_floor: float = 1e-4,
                  hidden_act: str = "silu", exact: bool = False, backend: str = "auto", device=None, dtype=None):
         super().__init__()
-        if hidden_act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act must be 'silu' (the conv kernel's activation), got {hidden_act!r}")
+        sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, state_size=state_size,
+                     conv_kernel=conv_kernel)
+        if time_step_rank is not None:
+            sizes["time_step_rank"] = time_step_rank
+        sizes = check_mixer_args(sizes, dict(use_bias=use_bias, use_conv_bias=use_conv_bias, exact=exact),
+                                 dict(time_step_min=time_step_min, time_step_max=time_step_max,
+                                      time_step_floor=time_step_floor),
+                                 hidden_act=hidden_act, backend=backend, dtype=dtype)
+        hidden_size, intermediate_size, state_size, conv_kernel = (
+            sizes[k] for k in ("hidden_size", "intermediate_size", "state_size", "conv_kernel"))
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.ssm_state_size = state_size
         self.conv_kernel = conv_kernel
         self.conv_dim = intermediate_size
-        self.time_step_rank = math.ceil(hidden_size / 16) if time_step_rank is None else int(time_step_rank)
+        self.time_step_rank = sizes.get("time_step_rank", math.ceil(hidden_size / 16))
         self.activation = hidden_act
-        self.exact = check_bool("exact", exact)
+        self.exact = exact
         self.backend = backend
         factory = dict(device=device, dtype=dtype)
 

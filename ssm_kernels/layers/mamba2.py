@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._common import check_bool
+from .._common import check_dt_limit
 from ..conv import causal_conv1d, causal_conv1d_update
-from ..scan import mamba2_scan, selective_state_update
-from .common import SSMMixer
+from ..scan import mamba2_chunked, mamba2_scan, selective_state_update
+from .common import SSMMixer, check_mixer_args
 
 
 class GatedRMSNorm(nn.Module):
@@ -65,10 +65,18 @@ class Mamba2Mixer(SSMMixer):
                  hidden_act: str = "silu", exact: bool = False, backend: str = "auto",
                  algorithm: str = "recurrent", chunk_size: int | None = None, device=None, dtype=None):
         super().__init__()
-        if hidden_act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act must be 'silu' (the conv kernel's activation), got {hidden_act!r}")
-        if num_heads % n_groups:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of n_groups ({n_groups})")
+        hidden_size, num_heads, head_dim, state_size, n_groups, conv_kernel = check_mixer_args(
+            dict(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim, state_size=state_size,
+                 n_groups=n_groups, conv_kernel=conv_kernel),
+            dict(use_bias=use_bias, use_conv_bias=use_conv_bias, exact=exact),
+            dict(layer_norm_epsilon=layer_norm_epsilon, time_step_min=time_step_min, time_step_max=time_step_max,
+                 time_step_floor=time_step_floor),
+            hidden_act=hidden_act, backend=backend, dtype=dtype, groups=("num_heads", "n_groups")).values()
+        time_step_limit = check_dt_limit(time_step_limit)
+        if algorithm not in mamba2_chunked.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {mamba2_chunked.ALGORITHMS}, got {algorithm!r}")
+        if chunk_size is not None:
+            mamba2_chunked.check_chunk_size(chunk_size)
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -77,9 +85,9 @@ class Mamba2Mixer(SSMMixer):
         self.conv_kernel = conv_kernel
         self.intermediate_size = num_heads * head_dim
         self.conv_dim = self.intermediate_size + 2 * n_groups * state_size
-        self.time_step_limit = tuple(time_step_limit)
+        self.time_step_limit = time_step_limit
         self.activation = hidden_act
-        self.exact = check_bool("exact", exact)
+        self.exact = exact
         self.backend = backend
         self.algorithm = algorithm
         self.chunk_size = chunk_size

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, make_capture_table,
-                       make_sequences, new_output, resolve_backend)
+from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, check_tensor_args,
+                       make_capture_table, make_sequences, new_output, resolve_backend)
 from . import dispatch, mamba1_chunked
 from .algorithm import check_start_positions
 from .problem import ScanProblem, check_scan_sizes
@@ -57,12 +57,14 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     chunked algorithm keeps batching and captures bitwise, and splits at multiples of chunk_size
     (absolute positions): a pass that starts there continues one longer pass bit for bit.
     """
+    check_tensor_args(dict(u=u, delta=delta, A=A, B=B, C=C),
+                      dict(D=D, z=z, delta_bias=delta_bias, initial_states=initial_states, cu_seqlens=cu_seqlens))
     check_tensor("u", u, [("batch", None), ("dim", None), ("seqlen", None)], FLOAT_DTYPES)
     batch, dim, seqlen = u.shape
     check_tensor("delta", delta, [("batch", batch), ("dim", dim), ("seqlen", seqlen)], FLOAT_DTYPES)
     check_tensor("A", A, [("dim", dim), ("dstate", None)], F32)
     dstate = A.shape[1]
-    if getattr(B, "ndim", 0) == 3:
+    if B.ndim == 3:
         b_dims = [("batch", batch), ("dstate", dstate), ("seqlen", seqlen)]
     else:
         b_dims = [("batch", batch), ("ngroups", None), ("dstate", dstate), ("seqlen", seqlen)]
@@ -88,9 +90,9 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
     start_positions = check_start_positions(start_positions, seqs)
 
-    y = new_output(*u.shape, dtype=u.dtype, device=device)
-    final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device)
-    captured = new_output(captures.count, dim, dstate, dtype=torch.float32, device=device)
+    y = new_output(*u.shape, dtype=u.dtype, device=device, name="y")
+    final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device, name="final_states")
+    captured = new_output(captures.count, dim, dstate, dtype=torch.float32, device=device, name="captured_states")
     grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))  # (dim, ...) -> (G, P, ...)
     bc_rows = lambda t: (t.unsqueeze(1) if t.ndim == 3 else t).permute(0, 3, 1, 2)  # (batch, seqlen, G, N)
     states = lambda t: None if t is None else t.unflatten(1, (ngroups, -1))

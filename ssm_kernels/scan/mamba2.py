@@ -11,8 +11,8 @@ import math
 import torch
 
 from .._common import (FLOAT_DTYPES, NO_CAPTURES, ScanResult, Sequences, check_bool, check_decode_slots,
-                       check_dt_limit, check_inplace_target, check_same_device, check_tensor, make_capture_table,
-                       make_sequences, new_output, resolve_backend)
+                       check_dt_limit, check_same_device, check_tensor, check_tensor_args, check_written,
+                       make_capture_table, make_sequences, new_output, resolve_backend)
 from . import mamba2_chunked
 from .algorithm import check_start_positions
 from . import dispatch
@@ -26,6 +26,7 @@ def check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
 
     Returns (nheads, headdim, ngroups, dstate).
     """
+    check_tensor_args(dict(x=x, dt=dt, A=A, B=B, C=C), dict(D=D, z=z, dt_bias=dt_bias))
     lead = [(name, None) for name in token_dims]
     check_tensor("x", x, lead + [("nheads", None), ("headdim", None)], FLOAT_DTYPES)
     sizes = list(zip(token_dims, x.shape))
@@ -37,10 +38,10 @@ def check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, *, token_dims):
     check_tensor("C", C, sizes + [("ngroups", ngroups), ("dstate", dstate)], FLOAT_DTYPES)
     check_scan_sizes("nheads", nheads, ngroups, dstate, headdim=headdim)
     if D is not None:
-        if isinstance(D, torch.Tensor) and D.ndim not in (1, 2):
+        if D.ndim not in (1, 2):
             raise ValueError(f"D must have shape (nheads,) or (nheads, headdim) = ({nheads},) or ({nheads}, "
                              f"{headdim}), got shape {tuple(D.shape)}")
-        dims = [("nheads", nheads)] if getattr(D, "ndim", 0) == 1 else [("nheads", nheads), ("headdim", headdim)]
+        dims = [("nheads", nheads)] if D.ndim == 1 else [("nheads", nheads), ("headdim", headdim)]
         check_tensor("D", D, dims, FLOAT_DTYPES)
     if z is not None:
         check_tensor("z", z, sizes + [("nheads", nheads), ("headdim", headdim)], FLOAT_DTYPES)
@@ -117,6 +118,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     "Semantics and exactness".
     """
     nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
+    check_tensor_args({}, dict(initial_states=initial_states, cu_seqlens=cu_seqlens))
     check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
@@ -131,9 +133,11 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
     start_positions = check_start_positions(start_positions, seqs)
 
-    y = new_output(*x.shape, dtype=x.dtype, device=device)
-    final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
-    captured = new_output(captures.count, nheads, headdim, dstate, dtype=torch.float32, device=device)
+    y = new_output(*x.shape, dtype=x.dtype, device=device, name="y")
+    final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device,
+                              name="final_states")
+    captured = new_output(captures.count, nheads, headdim, dstate, dtype=torch.float32, device=device,
+                          name="captured_states")
     problem = mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
                        seqs, captures, y, final_states, captured)
     if algorithm == "chunked":
@@ -178,15 +182,17 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
     Exactness against a one-token mamba2_scan pass, with a float32 or a 16-bit pool: README.md,
     section "Semantics and exactness".
     """
-    if validate:
+    if check_bool("validate", validate):
         nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch",))
+        check_tensor_args(dict(state=state), dict(state_indices=state_indices, dst_state_indices=dst_state_indices))
         check_bool("dt_softplus", dt_softplus)
         dt_limit = check_dt_limit(dt_limit)
         check_tensor("state", state, [("nslots", None), ("nheads", nheads), ("headdim", headdim),
                                       ("dstate", dstate)], STATE_DTYPES)
-        check_inplace_target("state", state)
         device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                    state_indices=state_indices, dst_state_indices=dst_state_indices)
+        check_written(dict(state=state), dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                              state_indices=state_indices, dst_state_indices=dst_state_indices))
         check_decode_slots(state_indices, dst_state_indices, pad_slot_id, x.shape[0], state.shape[0])
         backend = resolve_backend(backend, device)
     else:
@@ -194,10 +200,9 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
         dt_limit = tuple(float(v) for v in dt_limit)
         backend = resolve_backend(backend, x.device)
     batch = x.shape[0]
-    if pad_slot_id is None:
-        y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
-    else:  # padded rows write nothing: their y stays zero
-        y = torch.zeros(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device)
+    y = new_output(batch, 1, nheads, headdim, dtype=x.dtype, device=x.device, name="y")
+    if pad_slot_id is not None:  # padded rows write nothing: their y stays zero
+        y.zero_()
     problem = mamba2_problem(x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
                        None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
                        state, state_indices, Sequences(None, [1] * batch, varlen=False), NO_CAPTURES,
