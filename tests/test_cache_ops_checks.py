@@ -15,7 +15,7 @@ H, P, N, DIM, WIDTH = 2, 4, 8, 6, 4
 
 @pytest.fixture(autouse=True)
 def tensors_on_the_backends_device(request):
-    """As in test_engine.py: the Triton backend on CUDA tensors where there is a GPU, through the
+    """As in test_cache_ops.py: the Triton backend on CUDA tensors where there is a GPU, through the
     interpreter on CPU tensors elsewhere."""
     backend = request.node.callspec.params.get("backend") if hasattr(request.node, "callspec") else None
     torch.set_default_device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
@@ -200,7 +200,7 @@ def test_conv_in_place_with_taps_past_a_time_tile(backend):
 def _ops(T=5, nslots=3):
     """Every engine op with valid arguments: {name: (call(**changes), written caches)}."""
     cu = torch.tensor([0, 2, T])
-    pb, db = engine.prefill_batch(cu, torch.tensor([0, 1])), engine.decode_batch(torch.tensor([0, 2]))
+    pb, db = cache_ops.prefill_batch(cu, torch.tensor([0, 1])), cache_ops.decode_batch(torch.tensor([0, 2]))
     x, dt, A, B, C = _mamba2(T)
     u, delta, A1, B1, C1 = _mamba1(T)
     xc, w = torch.randn(DIM, T), torch.randn(DIM, WIDTH)
@@ -228,7 +228,7 @@ def _ops(T=5, nslots=3):
 
 
 def _call(op, batch, kw):
-    return getattr(engine, op)(batch, **kw)
+    return getattr(cache_ops, op)(batch, **kw)
 
 
 @pytest.mark.parametrize("op", ["mamba2_prefill", "mamba2_decode", "mamba1_prefill", "mamba1_decode", "conv_prefill",
@@ -284,7 +284,7 @@ def test_disjoint_slices_of_one_buffer_are_accepted(backend):
     """x, out and the cache cut from one buffer without sharing an element run as separate tensors
     do (the overlap check is exact for views cut alike)."""
     T = 6
-    batch = engine.prefill_batch(torch.tensor([0, 2, T]), torch.tensor([0, 1]),
+    batch = cache_ops.prefill_batch(torch.tensor([0, 2, T]), torch.tensor([0, 1]),
                                  has_initial_state=torch.tensor([True, False]))
     x, dt, A, B, C = _mamba2(T)
     init = torch.randn(2, H, P, N)
@@ -292,9 +292,9 @@ def test_disjoint_slices_of_one_buffer_are_accepted(backend):
     buf[:, 0] = x
     cache_buf = torch.zeros(2, 2, H, P, N)  # [slot][cache | other]
     cache_buf[:, 0] = init
-    engine.mamba2_prefill(batch, buf[:, 0], dt, A, B, C, ssm_state=cache_buf[:, 0], out=buf[:, 1], backend=backend)
+    cache_ops.mamba2_prefill(batch, buf[:, 0], dt, A, B, C, ssm_state=cache_buf[:, 0], out=buf[:, 1], backend=backend)
     cache, out = init.clone(), torch.empty_like(x)
-    engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, backend=backend)
+    cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, backend=backend)
     assert torch.equal(buf[:, 1], out) and torch.equal(cache_buf[:, 0], cache)
     assert torch.equal(buf[:, 0], x) and not cache_buf[:, 1].any()
 
@@ -303,9 +303,9 @@ def test_disjoint_slices_of_one_buffer_are_accepted(backend):
 def test_batch_validate_flag_must_be_a_bool(flag):
     """validate="no" would validate (truthy) and validate="" would silently skip validation."""
     with pytest.raises(TypeError, match=r"validate must be a bool \(True or False\)"):
-        engine.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), validate=flag)
+        cache_ops.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), validate=flag)
     with pytest.raises(TypeError, match=r"validate must be a bool \(True or False\)"):
-        engine.decode_batch(torch.tensor([0]), validate=flag)
+        cache_ops.decode_batch(torch.tensor([0]), validate=flag)
 
 
 @pytest.mark.parametrize("changes, error, message", [
@@ -317,9 +317,9 @@ def test_batch_validate_flag_must_be_a_bool(flag):
 ])
 def test_batch_ints_are_checked(changes, error, message):
     with pytest.raises(error, match=message):
-        engine.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), **changes)
+        cache_ops.prefill_batch(torch.tensor([0, 3]), torch.tensor([0]), **changes)
     with pytest.raises(error, match=message):
-        engine.decode_batch(torch.tensor([0]), **changes)
+        cache_ops.decode_batch(torch.tensor([0]), **changes)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -333,9 +333,9 @@ def test_has_initial_state_may_be_a_host_list_of_bools(backend, positions):
     init = torch.randn(2, H, P, N)
     results = []
     for flags in ([False, True], torch.tensor([False, True])):
-        batch = engine.prefill_batch(cu, slots, has_initial_state=flags, start_positions=positions)
+        batch = cache_ops.prefill_batch(cu, slots, has_initial_state=flags, start_positions=positions)
         cache, out = init.clone(), torch.empty_like(x)
-        engine.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, backend=backend)
+        cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=cache, out=out, backend=backend)
         results.append((cache, out))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     ref = mamba2_scan(x[None], dt[None], A, B[None], C[None], cu_seqlens=cu,
@@ -352,4 +352,4 @@ def test_has_initial_state_may_be_a_host_list_of_bools(backend, positions):
 ])
 def test_bad_has_initial_state_is_named(flags, error, message):
     with pytest.raises(error, match=message):
-        engine.prefill_batch(torch.tensor([0, 3, 5]), torch.tensor([0, 1]), has_initial_state=flags)
+        cache_ops.prefill_batch(torch.tensor([0, 3, 5]), torch.tensor([0, 1]), has_initial_state=flags)
