@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, NamedTuple, Sequence
 
-from ._checks import check_choice, check_int, check_optional_int
+from ._checks import check_choice, check_int, check_number, check_optional_int, check_tokens
 
 EVICTION_POLICIES = ("lru", "utility")
 
@@ -114,14 +114,7 @@ class PrefixCache:
         self.block_size = check_int("block_size", block_size, minimum=1)
         self.max_snapshots = check_optional_int("max_snapshots", max_snapshots)
         self.eviction = check_choice("eviction", eviction, EVICTION_POLICIES)
-        if isinstance(utility_weight, bool) or not isinstance(utility_weight, (int, float)):
-            raise TypeError(
-                f"utility_weight must be a number, got {utility_weight!r} "
-                f"({type(utility_weight).__name__})"
-            )
-        if not 0.0 <= utility_weight <= 1.0:
-            raise ValueError(f"utility_weight must be in [0, 1], got {utility_weight}")
-        self.utility_weight = float(utility_weight)
+        self.utility_weight = check_number("utility_weight", utility_weight, 0.0, 1.0)
         self.stats = CacheStats()
         self._root = _Node(edge=(), end=0, parent=None)
         # Held snapshots by handle, least recently used first.
@@ -145,7 +138,7 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[Hashable]) -> Match:
         """Longest block-floored prefix of ``tokens`` in the tree (at most ``len - 1``) and the
         deepest snapshot at or below it; refreshes that snapshot's recency."""
-        tokens = _as_tuple(tokens)
+        tokens = check_tokens("tokens", tokens)
         limit = max(len(tokens) - 1, 0) // self.block_size * self.block_size
         path, matched, _ = self._descend(tokens, limit)
         entry = None
@@ -168,7 +161,7 @@ class PrefixCache:
         """The block-floored position where ``tokens`` leave the tree: the number of their full
         blocks the tree already holds, times ``block_size``. A snapshot captured there serves
         every later request that shares the prefix (Marconi admits snapshots at such points)."""
-        tokens = _as_tuple(tokens)
+        tokens = check_tokens("tokens", tokens)
         _, matched, _ = self._descend(tokens, len(tokens) // self.block_size * self.block_size)
         return matched
 
@@ -186,7 +179,7 @@ class PrefixCache:
         held snapshot is kept and its recency refreshed: both states are the same bits, and
         the held one may be pinned). Evicts down to ``max_snapshots`` afterwards.
         """
-        tokens = _as_tuple(tokens)
+        tokens = check_tokens("tokens", tokens)
         sizes = self._check_snapshots(tokens, snapshots, nbytes)
         full = len(tokens) // self.block_size * self.block_size
         self._add_path(tokens, full)
@@ -386,10 +379,3 @@ class PrefixCache:
             node = node.parent
         return 0
 
-
-def _as_tuple(tokens: Sequence[Hashable]) -> tuple:
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise TypeError(
-            f"tokens must be a sequence of token ids, got {type(tokens).__name__}"
-        )
-    return tuple(tokens)

@@ -159,8 +159,8 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           + (f" (steps of {step} tokens: blocks on the grid)" if step != args.block_size else ""))
     first_warm = next(iter(warm.values()))  # the match is the same under every policy
     if first_warm is not None:
-        shared = args.total if args.shared_tokens is None else args.shared_tokens
         follow_up = args.total if args.request_total is None else args.request_total
+        shared = min(args.total, follow_up) if args.shared_tokens is None else args.shared_tokens
         kind = "byte-identical" if (shared, follow_up) == (args.total, args.total) else "follow-up"
         print(f"warm request: {kind}, {_count(follow_up, 'token', 'tokens')} sharing "
               f"{shared}, block-floored match {first_warm.match}")
@@ -205,8 +205,11 @@ def _print_plan(policy: str, plan: PrefillPlan, warm) -> None:
 
 def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     policies = POLICIES if args.policy == "all" else (args.policy,)
-    traces = [trace for trace in default_traces(seed=args.seed, scale=args.scale)
-              if args.trace in ("all", trace.name)]
+    try:
+        traces = [trace for trace in default_traces(seed=args.seed, scale=args.scale)
+                  if args.trace in ("all", trace.name)]
+    except ValueError as error:  # a scale beyond the traces' size limit
+        parser.error(f"argument --scale: {error}")
     cost_model = CostModel(per_token_ms=args.per_token_ms, per_pass_ms=args.per_pass_ms)
     config = dict(block_size=args.block_size, budget=args.budget,
                   first_budget=args.first_budget, interval=args.interval,

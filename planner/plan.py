@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ._checks import check_choice, check_int, check_optional_int
+from ._checks import check_choice, check_int, check_iterable, check_optional_int, check_size
 from .rules import (
     inpass_capture_spans,
     is_checkpoint_chunk_end,
@@ -137,14 +137,15 @@ class PrefillPlan:
         """Restore point and replay of a follow-up request served after this plan ran.
 
         The follow-up has ``request_total`` tokens (default: this prompt's total) and shares
-        its first ``shared_tokens`` with this prompt (default: all of them, i.e. the
-        byte-identical warm request). Only this plan's snapshots are considered.
+        its first ``shared_tokens`` with this prompt (default: as many as both have, i.e. the
+        byte-identical warm request by default). Only this plan's snapshots are considered.
+        An empty follow-up (or the warm request of an empty prompt) computes nothing.
         """
         request_total = self.total if request_total is None else request_total
-        check_int("request_total", request_total, minimum=1)
-        shared_tokens = self.total if shared_tokens is None else shared_tokens
-        check_int("shared_tokens", shared_tokens)
+        check_int("request_total", request_total)
         limit = min(self.total, request_total)
+        shared_tokens = limit if shared_tokens is None else shared_tokens
+        check_int("shared_tokens", shared_tokens)
         if shared_tokens > limit:
             raise ValueError(
                 f"shared_tokens must be <= {limit} (the shorter of the prompt, {self.total}, "
@@ -266,30 +267,25 @@ def _check_plan_size(total: int, start: int, block_size: int, budget: int, inter
     else:
         covered = budget if budget < align else budget // align * align
         most_passes = 2 * -(-tokens // covered) + 3
-    if most_passes > MAX_PASSES:
-        raise ValueError(f"prefilling {tokens} tokens at a budget of {budget} could take up to {most_passes} passes, "
-                         f"more than the {MAX_PASSES} a plan may list: raise budget")
+    check_size(f"the passes of a plan of {tokens} tokens at a budget of {budget}", most_passes, MAX_PASSES,
+               "raise budget")
     if policy == "free" and interval > 0:
         step = interval * block_size
-        captures = max(0, (total - 1) // step - start // step)
-        if captures > MAX_CAPTURES:
-            raise ValueError(f"interval snapshots every {step} tokens (interval {interval} x block_size {block_size}) "
-                             f"over {tokens} tokens would be {captures} in-pass captures, more than the "
-                             f"{MAX_CAPTURES} a plan may list: raise interval")
+        check_size(f"the in-pass captures of interval snapshots every {step} tokens (interval {interval} x "
+                   f"block_size {block_size}) over {tokens} tokens", max(0, (total - 1) // step - start // step),
+                   MAX_CAPTURES, "raise interval")
 
 
 def _check_branch_points(branch_points: Iterable[int], total: int) -> tuple[int, ...]:
-    if isinstance(branch_points, (str, bytes)) or not isinstance(branch_points, Iterable):
-        raise TypeError(
-            f"branch_points must be an iterable of ints, got {branch_points!r} "
-            f"({type(branch_points).__name__})"
-        )
     checked = []
-    for position in branch_points:
+    for position in check_iterable("branch_points", branch_points, "ints"):
         check_int("branch_points entry", position)
         if position > total:
             raise ValueError(f"branch_points entries must be in [0, {total}], got {position}")
         checked.append(position)
+        if len(checked) > MAX_CAPTURES:  # each is an in-pass capture; the iterable may be endless
+            raise ValueError(f"branch_points must have at most {MAX_CAPTURES} entries (in-pass captures a plan "
+                             f"may list), got more")
     return tuple(checked)
 
 

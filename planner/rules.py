@@ -5,7 +5,9 @@ A later request's prefix match is floored to a multiple of ``block_size`` and is
 ``total - 1``, so a snapshot can only be restored if it sits at or below that floor. These rules
 decide where prefill chunks end so that the snapshots a warm request needs exist.
 
-``block_size == 0`` means "no KV blocks" as in the seed: no tail points and no block alignment.
+``block_size`` is at least 1 everywhere: the seed's ``block_size == 0`` ("no KV blocks") is
+refused like every other impossible size; :func:`plan_chunk_len` takes ``None`` for no block
+alignment.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from ._checks import check_int, check_optional_int
 def tail_boundary(total: int, block_size: int) -> int | None:
     """The last multiple of ``block_size`` strictly below ``total``.
 
-    Returns None when ``block_size == 0``, when ``total <= block_size`` or when it would be 0.
-    A byte-identical warm request's match (at most ``total - 1``, block-floored) lands here.
+    Returns None when ``total <= block_size`` (the multiple would be 0). A byte-identical warm
+    request's match (at most ``total - 1``, block-floored) lands here.
     """
     check_int("total", total)
-    check_int("block_size", block_size)
-    if block_size == 0 or total <= block_size:
+    check_int("block_size", block_size, minimum=1)
+    if total <= block_size:
         return None
     return (total - 1) // block_size * block_size
 
@@ -60,7 +62,7 @@ def is_checkpoint_chunk_end(end_token: int, total: int, block_size: int, interva
     check_int("interval", interval)
     if is_prompt_tail_end(end_token, total, block_size):
         return True
-    if block_size == 0 or interval == 0:
+    if interval == 0:
         return False
     block_index = end_token // block_size
     return block_index >= 1 and block_index % interval == 0
@@ -90,14 +92,14 @@ def plan_chunk_len(
 
     ``proposed`` is the budget-capped length. A last chunk (``offset + proposed >= total``)
     keeps ``proposed`` unchanged. A non-last chunk that strictly spans ``split`` ends there;
-    otherwise, with a ``block_size``, its end is floored to a block boundary when that stays
-    above ``offset``; otherwise it keeps ``proposed``. For ``proposed >= 1`` the result is in
-    ``1..=proposed``.
+    otherwise, with a ``block_size`` (None: no alignment), its end is floored to a block
+    boundary when that stays above ``offset``; otherwise it keeps ``proposed``. For
+    ``proposed >= 1`` the result is in ``1..=proposed``.
     """
     check_int("offset", offset)
     check_int("total", total)
     check_int("proposed", proposed)
-    check_optional_int("block_size", block_size)
+    check_optional_int("block_size", block_size, minimum=1)
     check_optional_int("split", split)
     if offset > total:
         raise ValueError(f"offset must be <= total ({total}), got {offset}")
@@ -106,7 +108,7 @@ def plan_chunk_len(
         return proposed
     if inpass_capture_spans(split, offset, proposed):
         return split - offset
-    if block_size:
+    if block_size is not None:
         aligned_end = end // block_size * block_size
         if aligned_end > offset:
             return aligned_end - offset

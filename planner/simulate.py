@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Hashable, Iterable, Sequence
 
-from ._checks import check_choice, check_int, check_optional_int
+from ._checks import check_choice, check_int, check_iterable, check_number, check_optional_int, check_tokens
 from .cache import EVICTION_POLICIES, PrefixCache
 from .plan import POLICIES, plan_prefill
 
@@ -45,11 +45,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("per_token_ms", "per_pass_ms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+            check_number(name, getattr(self, name), 0.0)
 
     def prefill_ms(self, tokens: int, passes: int) -> float:
         """Modeled time of a prefill computing ``tokens`` tokens in ``passes`` passes."""
@@ -142,6 +138,7 @@ def simulate(
     request's branch point (where it leaves the tree) is captured in-pass. ``grid`` is
     :func:`~planner.plan.plan_prefill`'s: plans (and so snapshots) on multiples of it.
     """
+    check_iterable("trace", trace, "prompts")
     check_choice("policy", policy, POLICIES)
     check_int("block_size", block_size, minimum=1)
     check_int("budget", budget, minimum=1)
@@ -212,14 +209,10 @@ def simulate(
 
 
 def _check_request(index: int, request: Sequence[Hashable]) -> tuple:
-    if isinstance(request, (str, bytes)) or not isinstance(request, Sequence):
-        raise TypeError(
-            f"trace request {index} must be a sequence of token ids, got "
-            f"{type(request).__name__}"
-        )
-    if not request:
+    tokens = check_tokens(f"trace request {index}", request)
+    if not tokens:
         raise ValueError(f"trace request {index} must have at least 1 token, got 0")
-    return tuple(request)
+    return tokens
 
 
 def _totals(reports: list[RequestReport], held: int) -> Totals:

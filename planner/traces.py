@@ -8,6 +8,10 @@ The chat template appends a generation suffix to every prompt (the assistant hea
 empty think block) that the rendered history of a later turn does not repeat: the history
 keeps the assistant header but not the think block. A follow-up therefore leaves the earlier
 prompt :data:`DIVERGING_SUFFIX` tokens before its end, inside its last block or one below.
+
+A trace is held whole: a generator whose sizes could draw more than :data:`MAX_TRACE_TOKENS`
+tokens (bounded from its arguments, with every length at the top of its range) is refused
+before it draws any.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ._checks import check_int
+from ._checks import check_int, check_size
 
 # Template token ids.
 ROLE_START, SYSTEM, USER, ASSISTANT, TOOL, NEWLINE, TURN_END, THINK_OPEN, THINK_CLOSE = range(9)
@@ -25,6 +29,8 @@ ASSISTANT_HEADER = (ROLE_START, ASSISTANT, NEWLINE)
 EMPTY_THINK = (THINK_OPEN, NEWLINE, THINK_CLOSE, NEWLINE)
 GENERATION_SUFFIX = ASSISTANT_HEADER + EMPTY_THINK
 DIVERGING_SUFFIX = len(EMPTY_THINK)
+# About 0.8 GB of tuple slots; the default traces hold about 0.8 million tokens per scale step.
+MAX_TRACE_TOKENS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,9 @@ def multi_turn_chat(
     ranges; each conversation has its own system prompt.
     """
     rng = _rng(seed, vocab_size)
-    check_int("conversations", conversations, minimum=1)
-    check_int("turns", turns, minimum=1)
-    check_int("system_tokens", system_tokens)
-    _check_range("message_tokens", message_tokens)
-    _check_range("reply_tokens", reply_tokens)
+    check_size(f"the tokens of {conversations} chats x {turns} turns",
+               _chat_tokens(conversations, turns, system_tokens, message_tokens, reply_tokens),
+               MAX_TRACE_TOKENS, "lower conversations, turns or the token counts")
     histories = [
         [ROLE_START, SYSTEM, NEWLINE, *_text(rng, system_tokens, vocab_size), TURN_END]
         for _ in range(conversations)
@@ -101,10 +105,9 @@ def shared_system_prompts(
     """Single-turn requests, each one of a few long system prompts (chosen uniformly) plus a
     short user message."""
     rng = _rng(seed, vocab_size)
-    check_int("requests", requests, minimum=1)
-    check_int("system_prompts", system_prompts, minimum=1)
-    _check_range("system_tokens", system_tokens)
-    _check_range("user_tokens", user_tokens)
+    check_size(f"the tokens of {requests} requests over {system_prompts} system prompts",
+               _system_tokens(requests, system_prompts, system_tokens, user_tokens),
+               MAX_TRACE_TOKENS, "lower requests, system_prompts or the token counts")
     systems = [
         (ROLE_START, SYSTEM, NEWLINE, *_text(rng, rng.randint(*system_tokens), vocab_size),
          TURN_END)
@@ -137,10 +140,9 @@ def agentic_branching(
     result), and the requests of all contexts arrive interleaved in random order (the
     branches of one context in order)."""
     rng = _rng(seed, vocab_size)
-    check_int("contexts", contexts, minimum=1)
-    check_int("branches", branches, minimum=1)
-    _check_range("context_tokens", context_tokens)
-    _check_range("continuation_tokens", continuation_tokens)
+    check_size(f"the tokens of {contexts} agent contexts x {branches} branches",
+               _agent_tokens(contexts, branches, context_tokens, continuation_tokens),
+               MAX_TRACE_TOKENS, "lower contexts, branches or the token counts")
     pending = []
     for _ in range(contexts):
         context = (ROLE_START, SYSTEM, NEWLINE,
@@ -170,11 +172,56 @@ def agentic_branching(
 def default_traces(seed: int = 0, scale: int = 1) -> list[Trace]:
     """The three traces at their default sizes, with ``scale`` times as many requests."""
     check_int("scale", scale, minimum=1)
-    return [
-        multi_turn_chat(conversations=4 * scale, seed=seed),
-        shared_system_prompts(requests=40 * scale, seed=seed),
-        agentic_branching(contexts=3 * scale, seed=seed),
-    ]
+    scaled = {multi_turn_chat: dict(conversations=4 * scale), shared_system_prompts: dict(requests=40 * scale),
+              agentic_branching: dict(contexts=3 * scale)}
+    # Bounded here, so that the refusal names scale rather than a count this caller never gave.
+    check_size(f"the tokens of the default traces at scale {scale}",
+               sum(_BOUNDS[make](**{**_sizes(make), **sizes}) for make, sizes in scaled.items()),
+               MAX_TRACE_TOKENS, "lower scale")
+    return [make(**sizes, seed=seed) for make, sizes in scaled.items()]
+
+
+# Upper bounds on the tokens a generator draws and holds, every length at the top of its range
+# (the template tokens around each text counted as in the generators). Each checks its sizes.
+
+def _chat_tokens(conversations: int, turns: int, system_tokens: int, message_tokens: tuple[int, int],
+                 reply_tokens: tuple[int, int]) -> int:
+    check_int("conversations", conversations, minimum=1)
+    check_int("turns", turns, minimum=1)
+    check_int("system_tokens", system_tokens)
+    message = _check_range("message_tokens", message_tokens) + 4
+    reply = _check_range("reply_tokens", reply_tokens) + 4
+    # Turn k's prompt: the system prompt, k messages, k - 1 replies and the generation suffix.
+    per_chat = (turns * (system_tokens + 4 + len(GENERATION_SUFFIX))
+                + message * turns * (turns + 1) // 2 + reply * turns * (turns - 1) // 2)
+    return conversations * per_chat
+
+
+def _system_tokens(requests: int, system_prompts: int, system_tokens: tuple[int, int],
+                   user_tokens: tuple[int, int]) -> int:
+    check_int("requests", requests, minimum=1)
+    check_int("system_prompts", system_prompts, minimum=1)
+    system = _check_range("system_tokens", system_tokens) + 4
+    user = _check_range("user_tokens", user_tokens) + 4
+    return system_prompts * system + requests * (system + user + len(GENERATION_SUFFIX))
+
+
+def _agent_tokens(contexts: int, branches: int, context_tokens: tuple[int, int],
+                  continuation_tokens: tuple[int, int]) -> int:
+    check_int("contexts", contexts, minimum=1)
+    check_int("branches", branches, minimum=1)
+    context = _check_range("context_tokens", context_tokens) + 4
+    continuation = _check_range("continuation_tokens", continuation_tokens)
+    fork = context + len(ASSISTANT_HEADER) + 2 * continuation + 5 + len(GENERATION_SUFFIX)
+    return contexts * (context + branches * fork)
+
+
+_BOUNDS = {multi_turn_chat: _chat_tokens, shared_system_prompts: _system_tokens, agentic_branching: _agent_tokens}
+
+
+def _sizes(make) -> dict:
+    """A generator's default sizes: its keyword defaults less the seed and the vocabulary."""
+    return {name: value for name, value in make.__kwdefaults__.items() if name not in ("seed", "vocab_size")}
 
 
 def _rng(seed: int, vocab_size: int) -> random.Random:
@@ -187,7 +234,8 @@ def _text(rng: random.Random, count: int, vocab_size: int) -> list[int]:
     return rng.choices(range(FIRST_TEXT_ID, vocab_size), k=count)
 
 
-def _check_range(name: str, value: tuple[int, int]) -> None:
+def _check_range(name: str, value: tuple[int, int]) -> int:
+    """Check a (low, high) range of lengths; returns high."""
     if not isinstance(value, tuple) or len(value) != 2:
         raise TypeError(f"{name} must be a (low, high) tuple of ints, got {value!r}")
     low, high = value
@@ -195,3 +243,4 @@ def _check_range(name: str, value: tuple[int, int]) -> None:
     check_int(f"{name}[1]", high)
     if low > high:
         raise ValueError(f"{name} must have low <= high, got {value!r}")
+    return high

@@ -23,6 +23,7 @@ that grid costs.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -122,9 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=_int_from(0), default=0, help="seed of the weights and the prompt (default 0)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when available (default)")
-    parser.add_argument("--threads", type=_positive, default=1,
-                        help="CPU threads for torch (default 1: the model's ops are token-sized, and extra "
-                             "threads only spin, badly so on a shared machine)")
+    parser.add_argument("--threads", type=_int_from(1, os.cpu_count() or 1), default=1,
+                        help="CPU threads for torch, at most the CPUs (default 1: the model's ops are token-sized, "
+                             "and extra threads only spin, badly so on a shared machine)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -139,6 +140,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.hidden % 16:
         parser.error(f"argument --hidden: must be a multiple of 16 (2 * hidden channels in Mamba heads of 32), "
                      f"got {args.hidden}")
+    try:  # the model's own checks, its size limits among them, before anything is built
+        _configs(args)
+    except (TypeError, ValueError) as error:
+        parser.error(f"model: {error}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("argument --device: cuda is not available")
 
@@ -163,16 +168,26 @@ def chunk_size_for(budget: int) -> int:
     return max(16, min(CHUNK_SIZE, 1 << (budget.bit_length() - 1)))
 
 
+def _incident(args: argparse.Namespace) -> Incident:
+    return Incident(1 if args.full else args.scale or DEFAULT_SCALE)
+
+
+def _configs(args: argparse.Namespace) -> dict[str, HybridConfig]:
+    """The model's config per scan."""
+    chunk = chunk_size_for(_incident(args).budget)
+    return {scan: HybridConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
+                               attention_every=args.attention_every, mamba_heads=args.hidden * 2 // 32,
+                               mamba_head_dim=32, state_size=args.state_size, mlp_size=2 * args.hidden,
+                               seed=args.seed, scan_algorithm=scan, chunk_size=chunk if scan == "chunked" else None)
+            for scan in args.scans}
+
+
 def _run(args: argparse.Namespace, out) -> int:
-    incident = Incident(1 if args.full else args.scale or DEFAULT_SCALE)
+    incident = _incident(args)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     chunk = chunk_size_for(incident.budget)
-    configs = {scan: HybridConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
-                                  attention_every=args.attention_every, mamba_heads=args.hidden * 2 // 32,
-                                  mamba_head_dim=32, state_size=args.state_size, mlp_size=2 * args.hidden,
-                                  seed=args.seed, scan_algorithm=scan, chunk_size=chunk if scan == "chunked" else None)
-               for scan in args.scans}
+    configs = _configs(args)
     rng = random.Random(args.seed)
     prompt = [rng.randrange(args.vocab) for _ in range(incident.total)]
     rules = incident.rules()

@@ -23,7 +23,7 @@ import torch
 from planner import PrefixCache, plan_prefill
 
 from .model import HybridLM, ModelSnapshot
-from .model.hybrid import check_tokens
+from .model.hybrid import check_int, check_tokens
 
 LOGITS = ("all", "last")
 
@@ -34,7 +34,7 @@ class KVBlockStore:
     Blocks are never evicted, as the planner's cache tree models KV as unbounded."""
 
     def __init__(self, block_size: int):
-        self.block_size = block_size
+        self.block_size = check_int("block_size", block_size, 1)
         self._root: dict = {}
         self.blocks = 0
 
@@ -52,6 +52,7 @@ class KVBlockStore:
     def gather(self, tokens: Sequence[int], end: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Per attention layer, (k, v) of positions [0, end) of ``tokens``; None when a block
         holding one of them is missing."""
+        check_int("end", end, 0)
         node, bs = self._root, self.block_size
         blocks = []
         for start in range(0, end, bs):

@@ -79,6 +79,12 @@ def test_module_entry_point_shows_progress_on_stderr():
     (["--state-size", "1000"], "argument --state-size: must be from 1 to 256, got 1000"),
     (["--state-size", "0"], "argument --state-size: must be from 1 to 256"),
     (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    # Sizes beyond the machine: usage errors before anything is built.
+    (["--threads", "100000"], rf"argument --threads: must be from 1 to {os.cpu_count()}, got 100000"),
+    (["--vocab", str(10**12)], "2 x vocab_size 1000000000000 x hidden_size 64 .* more than the limit"),
+    (["--hidden", str(2**20)], "parameters .* more than the limit"),
+    (["--layers", "100000"], "num_layers must be an int from 1 to 1024"),
+    (["--seed", str(2**64)], "seed must be an int from 0 to"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_bad_arguments_are_usage_errors(argv, message, capsys):
@@ -88,6 +94,13 @@ def test_bad_arguments_are_usage_errors(argv, message, capsys):
     err = capsys.readouterr().err
     assert "usage:" in err
     assert re.search(message, err), err
+
+
+def test_cli_demo_refuses_threads_beyond_the_machine(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--threads", "100000"])
+    assert exit_info.value.code == 2
+    assert "argument --threads: must be from 1 to" in capsys.readouterr().err
 
 
 def test_cli_demo_bad_state_size_is_a_usage_error(capsys):

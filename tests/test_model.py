@@ -111,20 +111,59 @@ def test_integer_tensor_tokens_are_served_like_lists(model, references):
 
 
 @pytest.mark.parametrize("changes, error, message", [
-    (dict(num_layers=0), ValueError, "num_layers must be an int >= 1"),
+    (dict(num_layers=0), ValueError, "num_layers must be an int from 1 to 1024, got 0"),
     (dict(dtype=torch.int64), TypeError, r"dtype must be one of torch.float32, torch.float16, torch.bfloat16 .*"
                                          r"got torch.int64"),
     (dict(dtype="float32"), TypeError, "dtype must be one of"),
     (dict(eps=0.0), ValueError, "eps must be a positive finite number, got 0.0"),
     (dict(eps="1e-5"), ValueError, "eps must be a positive finite number"),
-    (dict(seed=-1), ValueError, "seed must be an int >= 0, got -1"),
+    (dict(seed=-1), ValueError, "seed must be an int from 0 to 18446744073709551615, got -1"),
     (dict(hidden_size=30, num_attention_heads=4), ValueError, r"hidden_size \(30\) must be a multiple of"),
     (dict(mamba_heads=3, n_groups=2), ValueError, r"mamba_heads \(3\) must be a multiple of n_groups \(2\)"),
     (dict(state_size=1000), ValueError, "state_size 1000 is beyond the kernels' limit of 256"),
+    # Sizes beyond the machine: refused before any weight is allocated.
+    (dict(vocab_size=10**12), ValueError, r"would have \d+ parameters \(2 x vocab_size 1000000000000 x hidden_size 64 "
+                                          r"in the embeddings and the LM head, .*\), more than the limit of 2147483648"),
+    (dict(hidden_size=2**20, num_attention_heads=1), ValueError, "more than the limit of 2147483648"),
+    (dict(num_layers=10**9), ValueError, "num_layers must be an int from 1 to 1024, got 1000000000"),
+    (dict(seed=2**64), ValueError, "seed must be an int from 0 to 18446744073709551615, got 18446744073709551616"),
 ])
 def test_config_rejects_what_the_model_cannot_run(changes, error, message):
     with pytest.raises(error, match=message):
         HybridConfig(**changes)
+
+
+@pytest.mark.parametrize("changes", [{}, dict(attention_every=0, n_groups=2, conv_kernel=3),
+                                     dict(num_layers=5, attention_every=3, mlp_size=7)])
+def test_config_counts_the_parameters_the_model_allocates(changes):
+    config = HybridConfig(**{**CONFIG.__dict__, **changes})
+    model = HybridLM(config, device="meta")  # shapes only
+    assert config.num_parameters == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: HybridLM("small"), TypeError, "config must be a HybridConfig, got str"),
+    (lambda: HybridLM(CONFIG, backend="cuda"), ValueError,
+     r"backend must be one of \('auto', 'triton', 'torch'\), got 'cuda'"),
+    (lambda: HybridLM(CONFIG, device="gpu0"), ValueError, "device must be a torch device or its name, got 'gpu0'"),
+])
+def test_model_refuses_a_bad_config_backend_or_device_before_building(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_missing_or_mistyped_pass_arguments_are_named(model):
+    state = model.new_state()
+    with pytest.raises(TypeError, match="capture must be a sequence of int offsets, got NoneType"):
+        model.forward_pass([1, 2], state, capture=None)
+    with pytest.raises(TypeError, match="snapshot must be a ModelSnapshot or None, got str"):
+        model.restore("snapshot", [])
+    snapshot = model.forward_pass([1, 2], model.new_state(), capture=[2]).snapshots[0]
+    with pytest.raises(TypeError, match=r"kv must be a sequence of \(keys, values\) pairs, got NoneType"):
+        model.restore(snapshot, None)
+    with pytest.raises(TypeError, match=r"kv\[0\] must be a \(keys, values\) pair, got Tensor"):
+        model.restore(snapshot, [torch.zeros(2, 2, 16), torch.zeros(2, 2, 16)])
+    assert state.position == 0
 
 
 def test_meta_model_is_refused_clearly():
@@ -133,6 +172,14 @@ def test_meta_model_is_refused_clearly():
         meta.prefill([1, 2])
     with pytest.raises(ValueError, match="the model is on the meta device"):
         Engine(meta, policy="split", block_size=8, budget=16)
+
+
+@pytest.mark.parametrize("block_size, error", [(0, ValueError), (True, ValueError), (16.0, ValueError)])
+def test_kv_block_store_refuses_a_bad_block_size(block_size, error):
+    with pytest.raises(error, match=f"block_size must be an int >= 1, got {block_size!r}"):
+        KVBlockStore(block_size)
+    with pytest.raises(ValueError, match="end must be an int >= 0, got -1"):
+        KVBlockStore(4).gather([1, 2, 3, 4], -1)
 
 
 def test_kv_block_store_finds_blocks_by_their_whole_prefix():

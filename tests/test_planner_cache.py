@@ -305,6 +305,26 @@ def test_insert_rejects_bad_input(tokens, snapshots, nbytes, error, match):
     assert len(cache) == 0 and cache.lookup(A).matched_tokens == 0  # nothing half-inserted
 
 
+@pytest.mark.parametrize("call", [
+    lambda cache, tokens: cache.insert(tokens, {}),
+    lambda cache, tokens: cache.lookup(tokens),
+    lambda cache, tokens: cache.branch_point(tokens),
+])
+def test_unhashable_tokens_are_refused_by_index(call):
+    cache = PrefixCache(2)
+    with pytest.raises(TypeError, match=r"tokens must hold hashable token ids, got list at index 1"):
+        call(cache, [7, [1], 8, 9])
+    with pytest.raises(TypeError, match=r"tokens must hold hashable token ids, got set at index 0"):
+        call(cache, ({1}, 2, 3))
+    assert len(cache) == 0 and cache.lookup([1, 2, 3]).matched_tokens == 0
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -0.5, 10**400])
+def test_utility_weight_must_be_finite_and_in_range(weight):
+    with pytest.raises(ValueError, match=r"utility_weight must be"):
+        PrefixCache(16, utility_weight=weight)
+
+
 def test_a_held_handle_cannot_name_another_snapshot():
     cache = PrefixCache(16)
     cache.insert(A, {16: "h"})

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,22 @@ def test_plan_follow_up_and_branch_points(capsys):
                  "2000"]) == 0
     out = capsys.readouterr().out
     assert "restore at 480, replay 1520" in out
+
+
+def test_plan_shorter_follow_up_shares_all_its_tokens_by_default(capsys):
+    assert main(["plan", "--total", "1000", "--policy", "split", "--interval", "1",
+                 "--request-total", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "warm request: follow-up, 500 tokens sharing 500, block-floored match 496" in out
+
+
+def test_simulate_refuses_a_scale_beyond_the_trace_limit_at_once(capsys):
+    began = time.perf_counter()
+    assert main(["simulate", "--scale", "1000000", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "Traceback" not in err
+    assert "default traces at scale 1000000" in err and "lower scale" in err
+    assert time.perf_counter() - began < 1.0
 
 
 def test_simulate_json(capsys):

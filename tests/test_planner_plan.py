@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import planner.plan
-from planner import POLICIES, Pass, block_floored_match, plan_prefill
+from planner import POLICIES, Pass, WarmRestore, block_floored_match, plan_prefill
 
 PROPERTY = settings(max_examples=200, deadline=None)
 INCIDENT = dict(block_size=16, budget=8192, first_budget=8193, interval=32)
@@ -98,6 +98,16 @@ def test_empty_plans():
     assert plan_prefill(0, block_size=16, budget=8).passes == []
     plan = plan_prefill(64, block_size=16, budget=8, start=64)
     assert plan.passes == [] and plan.snapshot_positions == ()
+
+
+def test_warm_restore_of_an_empty_plan_and_of_a_shorter_follow_up():
+    # Nothing to compute: the byte-identical request of an empty prompt replays nothing.
+    assert plan_prefill(0, block_size=16, budget=8).warm_restore() == WarmRestore(0, 0, 0, 0, 0)
+    plan = plan_prefill(100, block_size=16, budget=16, interval=1)  # a snapshot every block
+    assert plan.warm_restore(request_total=0) == WarmRestore(0, 0, 0, 0, 0)
+    # A shorter follow-up shares all its tokens by default (the prompt's first 50).
+    assert plan.warm_restore(request_total=50) == plan.warm_restore(shared_tokens=50, request_total=50)
+    assert plan.warm_restore(request_total=50) == WarmRestore(48, 48, 2, 0)
 
 
 def test_restore_point_and_follow_up():
@@ -267,15 +277,17 @@ def test_warm_restore_is_at_or_below_the_match(args, policy, shared):
 
 def test_astronomical_plans_answer_at_once_or_are_refused():
     began = time.perf_counter()
-    with pytest.raises(ValueError, match=r"every 512 tokens .* would be 195312499999999999 in-pass captures, "
-                                         r"more than the 100000 a plan may list: raise interval"):
+    with pytest.raises(ValueError, match=r"every 512 tokens .* would be up to 195312499999999999, "
+                                         r"more than the limit of 100000: raise interval"):
         plan_prefill(10**20, block_size=16, budget=10**20, interval=32, policy="free")
-    with pytest.raises(ValueError, match=r"up to 12500000000000000003 passes, more than the 100000 a plan may list"):
+    with pytest.raises(ValueError, match=r"passes .* would be up to 12500000000000000003, more than the limit of 100000"):
         plan_prefill(10**20, block_size=16, budget=16, policy="split")
     plan = plan_prefill(10**20, block_size=16, budget=10**20, interval=0, policy="free")
     assert [(p.start, p.length) for p in plan.passes] == [(0, 10**20)]
     assert plan.snapshot_positions == (10**20 - 32, 10**20 - 16)
     assert len(plan_prefill(10**20, block_size=16, budget=10**19, policy="inpass").passes) == 10
+    with pytest.raises(ValueError, match=r"branch_points must have at most 100000 entries"):
+        plan_prefill(10**20, block_size=16, budget=10**20, policy="free", branch_points=range(10**20))
     assert time.perf_counter() - began < 2.0
 
 
@@ -290,7 +302,7 @@ def test_no_plan_lists_more_than_the_limits(args, policy, limit):
         try:
             plan = plan_prefill(policy=policy, **args)
         except ValueError as refused:
-            assert "a plan may list" in str(refused)
+            assert "more than the limit of" in str(refused)
             return
     assert len(plan.passes) <= limit
     step = args["interval"] * args["block_size"]
@@ -336,7 +348,7 @@ def test_warm_restore_and_helpers_reject_bad_input():
     with pytest.raises(ValueError, match="shared_tokens"):
         plan.warm_restore(shared_tokens=200, request_total=100)
     with pytest.raises(ValueError, match="request_total"):
-        plan.warm_restore(request_total=0)
+        plan.warm_restore(request_total=-1)
     with pytest.raises(ValueError, match="match"):
         plan.restore_point(-1)
     with pytest.raises(ValueError, match="block_size"):

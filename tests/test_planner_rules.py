@@ -28,7 +28,6 @@ PROPERTY = settings(max_examples=200, deadline=None)
         (16, 16, None, None),  # total <= block_size
         (1, 16, None, None),
         (0, 16, None, None),
-        (100, 0, None, None),  # no blocks
         (3, 1, 2, 1),
     ],
 )
@@ -63,7 +62,6 @@ def test_checkpoint_chunk_end_interval_zero_keeps_tail_ends_only():
     assert not is_checkpoint_chunk_end(8192, 32772, 16, 0)
     assert is_checkpoint_chunk_end(32752, 32772, 16, 0)
     assert is_checkpoint_chunk_end(32768, 32772, 16, 0)
-    assert not is_checkpoint_chunk_end(32, 100, 0, 2)  # no blocks, no interval snapshots
 
 
 def test_inpass_capture_spans_is_strict():
@@ -81,7 +79,6 @@ def test_inpass_capture_spans_is_strict():
         (32752, 32772, 20, 16, 32752, 20),  # last chunk unchanged
         (0, 5000, 5000, 16, 4976, 5000),  # last chunk unchanged even if it spans the split
         (0, 32772, 8193, None, None, 8193),  # no rules: as proposed
-        (0, 32772, 8193, 0, None, 8193),  # block_size 0: no alignment
         (10, 100, 5, 16, None, 5),  # floor would not stay above offset
         (10, 100, 30, 16, None, 22),  # end 40 floored to 32
         (10, 100, 30, 16, 20, 10),  # split wins over the block floor
@@ -96,7 +93,7 @@ def test_plan_chunk_len_examples(offset, total, proposed, block_size, split, exp
 @given(
     total=st.integers(0, 5000),
     data=st.data(),
-    block_size=st.one_of(st.none(), st.integers(0, 64)),
+    block_size=st.one_of(st.none(), st.integers(1, 64)),
     split=st.one_of(st.none(), st.integers(0, 5000)),
 )
 def test_plan_chunk_len_invariants(total, data, block_size, split):
@@ -151,6 +148,23 @@ def test_tail_points_properties(total, block_size):
 )
 def test_bad_values_raise_value_error_naming_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: tail_boundary(100, 0),
+        lambda: tail_split_point(100, 0),
+        lambda: is_prompt_tail_end(32, 100, 0),
+        lambda: is_checkpoint_chunk_end(32, 100, 0, 2),
+        lambda: plan_chunk_len(0, 32772, 8193, 0),
+    ],
+)
+def test_block_size_zero_is_refused(call):
+    # Every other entry point (plans, the cache, the CLI) refuses 0-token blocks; a rule that
+    # answered None for them would pass an impossible size on silently.
+    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
         call()
 
 

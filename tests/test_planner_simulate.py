@@ -2,9 +2,13 @@
 
 import json
 import random
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import planner.traces
 from planner import (
     CostModel,
     agentic_branching,
@@ -184,6 +188,79 @@ def test_simulate_rejects_bad_requests():
         simulate([5], policy="split", block_size=16, budget=64)
     with pytest.raises(ValueError, match="per_pass_ms"):
         CostModel(per_pass_ms=-1)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(per_token_ms=float("nan")),
+    dict(per_token_ms=float("inf")),
+    dict(per_pass_ms=float("-inf")),
+    dict(per_pass_ms=10**400),
+])
+def test_cost_model_fields_must_be_finite(fields):
+    name = next(iter(fields))
+    with pytest.raises(ValueError, match=rf"{name} must be a finite number >= 0"):
+        CostModel(**fields)
+
+
+def test_simulate_rejects_a_missing_trace_and_unhashable_tokens():
+    rules = dict(policy="split", block_size=16, budget=64)
+    with pytest.raises(TypeError, match="trace must be an iterable of prompts, got NoneType"):
+        simulate(None, **rules)
+    with pytest.raises(TypeError, match="trace request 1 must hold hashable token ids, got list at index 2"):
+        simulate([[1, 2, 3], [1, 2, [3]]], **rules)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: multi_turn_chat(conversations=10**9), "conversations, turns"),
+        (lambda: multi_turn_chat(turns=10**6), "conversations, turns"),
+        (lambda: multi_turn_chat(reply_tokens=(1, 10**12)), "conversations, turns"),
+        (lambda: shared_system_prompts(requests=1, system_prompts=10**9), "requests, system_prompts"),
+        (lambda: shared_system_prompts(user_tokens=(0, 10**12)), "requests, system_prompts"),
+        (lambda: agentic_branching(contexts=10**9), "contexts, branches"),
+        (lambda: agentic_branching(context_tokens=(1, 10**12)), "contexts, branches"),
+        (lambda: default_traces(scale=10**6), "scale"),
+    ],
+)
+def test_trace_generators_refuse_sizes_beyond_the_limit_at_once(make, name):
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"more than the limit of 100000000: lower {name}"):
+        make()
+    assert time.perf_counter() - began < 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    kind=st.sampled_from(["chat", "system", "agent", "default"]),
+    count=st.integers(1, 4),
+    other=st.integers(1, 4),
+    low=st.integers(0, 30),
+    span=st.integers(0, 30),
+    limit=st.integers(1, 3000),
+)
+def test_traces_never_hold_more_than_the_limit(kind, count, other, low, span, limit):
+    """With the limit lowered, a trace is either refused or within it: its bound never
+    undercounts."""
+    sizes = (low, low + span)
+    make = {
+        "chat": lambda: multi_turn_chat(conversations=count, turns=other, system_tokens=low,
+                                        message_tokens=sizes, reply_tokens=sizes),
+        "system": lambda: shared_system_prompts(requests=count, system_prompts=other,
+                                                system_tokens=sizes, user_tokens=sizes),
+        "agent": lambda: agentic_branching(contexts=count, branches=other, context_tokens=sizes,
+                                           continuation_tokens=sizes),
+        "default": lambda: default_traces(scale=count),
+    }[kind]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner.traces, "MAX_TRACE_TOKENS", limit * (1000 if kind == "default" else 1))
+        try:
+            traces = make()
+        except ValueError as refused:
+            assert "more than the limit of" in str(refused)
+            return
+    traces = traces if isinstance(traces, list) else [traces]
+    assert sum(trace.prompt_tokens for trace in traces) <= limit * (1000 if kind == "default" else 1)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ssm_kernels import MAX_DSTATE
+from ssm_kernels._common import BACKENDS
 from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
 from ssm_kernels.scan.mamba2_chunked import check_chunk_size
 
@@ -27,6 +28,28 @@ from .blocks import MLP, Attention, KVCache, RMSNorm
 
 LOGITS = ("all", "last", "none")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Every weight is allocated when the model is built (on the CPU first), and every layer is a few
+# Python modules: sizes past these are refused, not attempted. 2**31 float32 weights are 8 GiB.
+MAX_PARAMETERS = 2**31
+MAX_LAYERS = 1024
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+
+
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) in [minimum, maximum] (no upper bound when None),
+    else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+            maximum is not None and value > maximum):
+        expected = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ValueError(f"{name} must be an int {expected}, got {value!r}")
+    return value
+
+
+def _check_iterable(name: str, value, items: str):
+    """``value`` if it is an iterable other than a string (whose characters are no ``items``)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of {items}, got {type(value).__name__}")
+    return value
 
 
 def check_tokens(tokens, vocab_size: int) -> list[int]:
@@ -39,11 +62,9 @@ def check_tokens(tokens, vocab_size: int) -> list[int]:
         if tokens.device.type == "meta":
             raise ValueError("tokens is on the meta device, which holds no values")
         ids = tokens.tolist()
-    elif isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
-        raise TypeError(f"tokens must be a sequence of ints or a 1-D integer tensor, got {type(tokens).__name__}")
     else:
         ids = []
-        for i, token in enumerate(tokens):
+        for i, token in enumerate(_check_iterable("tokens", tokens, "ints or a 1-D integer tensor")):
             try:
                 if isinstance(token, bool):
                     raise TypeError
@@ -81,15 +102,12 @@ class HybridConfig:
     chunk_size: int | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "mamba_heads",
-                     "mamba_head_dim", "state_size", "n_groups", "conv_kernel", "mlp_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        for name in ("attention_every", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        for name in ("vocab_size", "hidden_size", "num_attention_heads", "mamba_heads", "mamba_head_dim",
+                     "state_size", "n_groups", "conv_kernel", "mlp_size"):
+            check_int(name, getattr(self, name), 1)
+        check_int("num_layers", self.num_layers, 1, MAX_LAYERS)
+        check_int("attention_every", self.attention_every, 0)
+        check_int("seed", self.seed, 0, MAX_SEED)
         if isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real) or not 0 < self.eps < math.inf:
             raise ValueError(f"eps must be a positive finite number, got {self.eps!r}")
         if self.dtype not in DTYPES:
@@ -105,6 +123,26 @@ class HybridConfig:
         if self.scan_algorithm not in ("recurrent", "chunked"):
             raise ValueError(f"scan_algorithm must be 'recurrent' or 'chunked', got {self.scan_algorithm!r}")
         check_chunk_size(self.chunk_size)
+        if self.num_parameters > MAX_PARAMETERS:
+            embeddings = 2 * self.vocab_size * self.hidden_size
+            raise ValueError(f"a model of these sizes would have {self.num_parameters} parameters (2 x vocab_size "
+                             f"{self.vocab_size} x hidden_size {self.hidden_size} in the embeddings and the LM head, "
+                             f"{self.num_parameters - embeddings} in the rest), more than the limit of "
+                             f"{MAX_PARAMETERS} (all are allocated when the model is built): lower the sizes")
+
+    @property
+    def num_parameters(self) -> int:
+        """The model's parameter count, from the sizes alone."""
+        h, heads = self.hidden_size, self.mamba_heads
+        inner = heads * self.mamba_head_dim
+        conv = inner + 2 * self.n_groups * self.state_size  # the conv's channels: x, B and C
+        # in_proj (z, xBC, dt), the depthwise conv with its bias, dt_bias/A_log/D, the gated norm, out_proj.
+        mamba = h * (inner + conv + heads) + conv * (self.conv_kernel + 1) + 3 * heads + inner + inner * h
+        attention = 4 * h * h  # qkv and o_proj
+        block = 2 * h + 3 * h * self.mlp_size  # two norms and the SwiGLU MLP
+        attentions = self.layer_types.count("attention")
+        layers = self.num_layers * block + attentions * attention + (self.num_layers - attentions) * mamba
+        return 2 * self.vocab_size * h + h + layers  # embeddings, LM head, final norm
 
     @property
     def scan_grid(self) -> int:
@@ -142,7 +180,7 @@ class ModelState:
 def _check_offsets(capture, length: int) -> list[int]:
     """Capture offsets of a pass of ``length`` tokens: ints in [0, length]."""
     offsets = []
-    for i, k in enumerate(capture):
+    for i, k in enumerate(_check_iterable("capture", capture, "int offsets")):
         if isinstance(k, bool) or not isinstance(k, (int, numbers.Integral)):
             raise TypeError(f"capture[{i}] must be an int offset, got {k!r} ({type(k).__name__})")
         if not 0 <= k <= length:
@@ -185,6 +223,17 @@ class HybridLM(nn.Module):
     """
 
     def __init__(self, config: HybridConfig = HybridConfig(), *, backend: str = "auto", device=None):
+        # Checked here, before any weight is built: the Mamba layers would take a bad backend and
+        # fail only at their first pass.
+        if not isinstance(config, HybridConfig):
+            raise TypeError(f"config must be a HybridConfig, got {type(config).__name__}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as error:
+                raise ValueError(f"device must be a torch device or its name, got {device!r} ({error})") from None
         super().__init__()
         self.config = config
         with torch.random.fork_rng(devices=[]):
@@ -229,7 +278,10 @@ class HybridLM(nn.Module):
         (position, heads, head_dim) tensors per attention layer)."""
         if snapshot is None:
             return self.new_state()
-        mamba, attention = iter(snapshot.layers), iter(kv)
+        if not isinstance(snapshot, ModelSnapshot):
+            raise TypeError(f"snapshot must be a ModelSnapshot or None, got {type(snapshot).__name__}")
+        kv = list(_check_iterable("kv", kv, "(keys, values) pairs"))
+        mamba, attention = iter(snapshot.layers), iter(enumerate(kv))
         if len(snapshot.layers) != len(self.mamba_layers) or len(kv) != len(self.attention_layers):
             raise ValueError(f"a snapshot of {len(snapshot.layers)} Mamba layers and KV of {len(kv)} attention "
                              f"layers does not fit a model of {len(self.mamba_layers)} and "
@@ -239,7 +291,10 @@ class HybridLM(nn.Module):
             if block.kind == "mamba2":
                 layers.append(block.mixer.restore(next(mamba)))
             else:
-                k, v = next(attention)
+                j, pair = next(attention)
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                    raise TypeError(f"kv[{j}] must be a (keys, values) pair, got {type(pair).__name__}")
+                k, v = pair
                 want = (snapshot.position, block.mixer.num_heads, block.mixer.head_dim)
                 for name, t in (("keys", k), ("values", v)):
                     if not isinstance(t, torch.Tensor):
