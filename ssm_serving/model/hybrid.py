@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from ssm_kernels import MAX_DSTATE
-from ssm_kernels._common import BACKENDS
 from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
 from ssm_kernels.scan.mamba2_chunked import check_chunk_size
 
@@ -223,12 +222,9 @@ class HybridLM(nn.Module):
     """
 
     def __init__(self, config: HybridConfig = HybridConfig(), *, backend: str = "auto", device=None):
-        # Checked here, before any weight is built: the Mamba layers would take a bad backend and
-        # fail only at their first pass.
+        # Checked before any weight is built (the Mamba layers check backend as they are built).
         if not isinstance(config, HybridConfig):
             raise TypeError(f"config must be a HybridConfig, got {type(config).__name__}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if device is not None:
             try:
                 device = torch.device(device)
