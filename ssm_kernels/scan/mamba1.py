@@ -6,9 +6,8 @@ import math
 import torch
 
 from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, check_tensor_args,
-                       make_capture_table, make_sequences, new_output, resolve_backend)
+                       make_sequences)
 from . import dispatch, mamba1_chunked
-from .algorithm import check_start_positions
 from .problem import ScanProblem, check_scan_sizes
 
 F32 = (torch.float32,)
@@ -84,15 +83,8 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     if initial_states is not None:
         check_tensor("initial_states", initial_states,
                      [("nseq", seqs.count), ("dim", dim), ("dstate", dstate)], F32)
-    captures = make_capture_table(capture, seqs, device)
-    backend = resolve_backend(backend, device)
-    algorithm = mamba1_chunked.resolve_algorithm(algorithm, device, seqs)
-    chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
-    start_positions = check_start_positions(start_positions, seqs)
-
-    y = new_output(*u.shape, dtype=u.dtype, device=device, name="y")
-    final_states = new_output(seqs.count, dim, dstate, dtype=torch.float32, device=device, name="final_states")
-    captured = new_output(captures.count, dim, dstate, dtype=torch.float32, device=device, name="captured_states")
+    prepared = dispatch.prepare_pass(u, seqs, (dim, dstate), mamba1_chunked, capture=capture, backend=backend,
+                                     algorithm=algorithm, chunk_size=chunk_size, start_positions=start_positions)
     grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))  # (dim, ...) -> (G, P, ...)
     bc_rows = lambda t: (t.unsqueeze(1) if t.ndim == 3 else t).permute(0, 3, 1, 2)  # (batch, seqlen, G, N)
     states = lambda t: None if t is None else t.unflatten(1, (ngroups, -1))
@@ -100,11 +92,8 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
         x=_as_rows(u, ngroups), dt=_as_rows(delta, ngroups), A=grouped(A), B=bc_rows(B), C=bc_rows(C),
         D=grouped(D), z=None if z is None else _as_rows(z, ngroups), dt_bias=grouped(delta_bias),
         dt_softplus=delta_softplus, dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
-        state_in=states(initial_states), state_index=None, seqs=seqs, captures=captures,
-        y=_as_rows(y, ngroups), state_out=states(final_states), captured=states(captured),
+        state_in=states(initial_states), state_index=None, seqs=seqs, captures=prepared.captures,
+        y=_as_rows(prepared.y, ngroups), state_out=states(prepared.final_states),
+        captured=states(prepared.captured),
     )
-    if algorithm == "chunked":
-        mamba1_chunked.run(problem, backend, chunk_size, start_positions)
-    else:
-        dispatch.run(problem, backend)
-    return ScanResult(y, final_states, captured)
+    return dispatch.run_pass(prepared, problem, mamba1_chunked)

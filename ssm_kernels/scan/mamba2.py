@@ -12,9 +12,8 @@ import torch
 
 from .._common import (FLOAT_DTYPES, NO_CAPTURES, ScanResult, Sequences, check_bool, check_decode_slots,
                        check_dt_limit, check_same_device, check_tensor, check_tensor_args, check_written,
-                       make_capture_table, make_sequences, new_output, resolve_backend)
+                       make_sequences, new_output, resolve_backend)
 from . import mamba2_chunked
-from .algorithm import check_start_positions
 from . import dispatch
 from .problem import ScanProblem, check_scan_sizes
 
@@ -127,24 +126,12 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     state_shape = [("nseq", seqs.count), ("nheads", nheads), ("headdim", headdim), ("dstate", dstate)]
     if initial_states is not None:
         check_tensor("initial_states", initial_states, state_shape, F32)
-    captures = make_capture_table(capture, seqs, device)
-    backend = resolve_backend(backend, device)
-    algorithm = mamba2_chunked.resolve_algorithm(algorithm, device, seqs)
-    chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
-    start_positions = check_start_positions(start_positions, seqs)
-
-    y = new_output(*x.shape, dtype=x.dtype, device=device, name="y")
-    final_states = new_output(seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=device,
-                              name="final_states")
-    captured = new_output(captures.count, nheads, headdim, dstate, dtype=torch.float32, device=device,
-                          name="captured_states")
+    prepared = dispatch.prepare_pass(x, seqs, (nheads, headdim, dstate), mamba2_chunked, capture=capture,
+                                     backend=backend, algorithm=algorithm, chunk_size=chunk_size,
+                                     start_positions=start_positions)
     problem = mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, None,
-                       seqs, captures, y, final_states, captured)
-    if algorithm == "chunked":
-        mamba2_chunked.run(problem, backend, chunk_size, start_positions)
-    else:
-        dispatch.run(problem, backend)
-    return ScanResult(y, final_states, captured)
+                             seqs, prepared.captures, prepared.y, prepared.final_states, prepared.captured)
+    return dispatch.run_pass(prepared, problem, mamba2_chunked)
 
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
