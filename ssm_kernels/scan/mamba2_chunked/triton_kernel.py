@@ -53,7 +53,7 @@ import triton.language as tl
 from ..problem import ScanProblem
 from ..._triton import (INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         strides_or_zeros)
-from .tables import ChunkTables
+from .tables import STEP_WIDTH, Chunk, ChunkTables, InnerCapture
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
@@ -61,6 +61,10 @@ LOG2E = tl.constexpr(1.4426950408889634)
 # the chunk's positive log decays keeps every decay across it at zero, as it was: the floor
 # changes no result, only cs's magnitude.
 ZERO_DECAY_LOG2 = tl.constexpr(160.0)
+# Row widths of ChunkTables's int64 tables, whose columns the readers below load in tables.py's order.
+CHUNK_COLUMNS = tl.constexpr(len(Chunk._fields))
+INNER_COLUMNS = tl.constexpr(len(InnerCapture._fields))
+STEP_COLUMNS = tl.constexpr(STEP_WIDTH)
 
 
 @triton.jit
@@ -80,8 +84,22 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def _chunk_span(chunks_ptr, i_c):
-    """(batch row, first token, length) of chunk i_c, from the ChunkTables's (nchunks, 3) table."""
-    return tl.load(chunks_ptr + i_c * 3), tl.load(chunks_ptr + i_c * 3 + 1), tl.load(chunks_ptr + i_c * 3 + 2)
+    """Row i_c of ChunkTables.chunks: Chunk's fields in order (batch row, first token, length)."""
+    p = chunks_ptr + i_c * CHUNK_COLUMNS
+    return tl.load(p), tl.load(p + 1), tl.load(p + 2)
+
+
+@triton.jit
+def _chunk_length(chunks_ptr, i_c):
+    """Chunk.length of row i_c of ChunkTables.chunks."""
+    return tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 2)
+
+
+@triton.jit
+def _inner_capture(inner_ptr, i):
+    """Row i of ChunkTables.inner, less its capture row: InnerCapture's (chunk, offset)."""
+    p = inner_ptr + i * INNER_COLUMNS
+    return tl.load(p + 1), tl.load(p + 2)
 
 
 @triton.jit
@@ -180,10 +198,9 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
     o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
     if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
         i_c = i_row
-        n_tok = tl.load(chunks_ptr + i_c * 3 + 2)
+        n_tok = _chunk_length(chunks_ptr, i_c)
     else:  # the contribution of the inner capture's first j tokens of its chunk
-        i_c = tl.load(inner_ptr + (i_row - nchunks) * 3 + 1)
-        n_tok = tl.load(inner_ptr + (i_row - nchunks) * 3 + 2)
+        i_c, n_tok = _inner_capture(inner_ptr, i_row - nchunks)
     i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
     o_scr = (i_c * nheads + i_h) * CHUNK
     p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
@@ -201,8 +218,9 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
 
 @triton.jit
 def _step_row(steps_ptr, t):
-    """Row t of ChunkTables.steps: (chunk, first, last, start row, inner capture, its row, j)."""
-    p = steps_ptr + t * 8
+    """Row t of ChunkTables.steps: Step's fields in order (chunk, first, last, start_row, inner,
+    inner_row, inner_offset), its padding column unread."""
+    p = steps_ptr + t * STEP_COLUMNS
     return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
             tl.load(p + 6))
 
