@@ -235,8 +235,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
                           headdim, dstate, nheads,
                           s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                           s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                          HAS_INITIAL_STATE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr):
+                          HAS_INITIAL_STATE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     size = headdim * dstate
@@ -470,7 +469,7 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
             tables.end_rows, ptr_or(ws.partial, ptr_or(ws.start, out)),
             ptr_or(p.state_in, out), ptr_or(ws.start, out), out, ptr_or(captured, out),
             headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
-            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=tables.chunk_size, BLOCK=block, **ws.dot, **ws.launch)
+            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=tables.chunk_size, BLOCK=block, **ws.launch)
     if tables.copy_rows.numel():
         captured[tables.copy_rows] = captured[tables.copy_from]
 
