@@ -20,7 +20,8 @@ Algorithms of mamba2_scan:
   inside chunks are combined from 16-bit intermediates (the chunk-start state and the partial
   sum), so their error is a little above the final state's (triton_kernel.py).
   backend="triton" runs the Triton kernels (triton_kernel.py); backend="torch" runs the same
-  algorithm in PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype).
+  algorithm in PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype). reference.py
+  states each of the five stages in float64.
 - "auto": "recurrent" for CPU tensors; for CUDA tensors "chunked" when the longest sequence of
   the pass has at least AUTO_CHUNKED_MIN_TOKENS tokens, else "recurrent".
 """
