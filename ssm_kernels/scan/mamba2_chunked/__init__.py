@@ -7,7 +7,8 @@ boundaries at the multiples of chunk_size, each sequence's first token at `start
 (default 0); tables.py (ChunkTables) cuts sequences into chunks and places the captures, the same
 for both backends. backend="triton" runs the kernels of triton_kernel.py (their docstring: the
 pipeline, the matmul dtypes, how captures are formed); backend="torch" runs the same algorithm in
-PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype).
+PyTorch (torch_kernel.py; float32 matmuls whatever the input dtype); reference.py states each
+of the five stages in float64.
 
 What this path guarantees, bit for bit and to rounding, and its accuracy: README.md, section
 "Semantics and exactness". The algorithms' names and the "auto" rule: ssm_kernels.scan.algorithm.

@@ -28,10 +28,34 @@ from .triton_kernel import ZERO_DECAY_LOG2
 ZERO_DECAY_LOG = ZERO_DECAY_LOG2.value * math.log(2)  # in natural-log units
 
 
-def _state_after(S0, cs, dt, x, B, j):
-    """The state after the chunk's first j >= 1 tokens, from its start state S0 (H, P, N)."""
+def dt_cumsum(dt, A):
+    """Stage 1 of a chunk, after discretize_dt: cs = cumsum(dt' * A) (L, H) from dt' (L, H) and
+    A (H,), each token's log decay floored as the Triton kernels floor it."""
+    a = dt * A
+    return torch.cumsum(torch.maximum(a, -ZERO_DECAY_LOG - a.clamp(min=0).sum(0)), dim=0)
+
+
+def state_after(S0, cs, dt, x, B, j):
+    """The state after the chunk's first j >= 1 tokens, from its start state S0 (H, P, N): with S0
+    zero, stage 3 (a chunk's own contribution, or an inner capture's partial one)."""
     w = torch.exp(cs[j - 1] - cs[:j]) * dt[:j]  # (j, H)
     return torch.exp(cs[j - 1])[:, None, None] * S0 + torch.einsum("jh,jhp,jhn->hpn", w, x[:j], B[:j])
+
+
+def chunk_output(S0, cs, dt, x, B, C, D, z):
+    """Stage 5 of a chunk (with its C B^T, stage 2): y (L, H, P) from its start state S0; D (H, P)
+    and the gate z (L, H, P) may be None."""
+    n = x.shape[0]
+    causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[:, :, None]
+    decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)
+    scores = torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None]
+    y = torch.einsum("ijh,jhp->ihp", scores, x)
+    y = y + torch.einsum("ihn,hpn->ihp", C, S0) * torch.exp(cs)[:, :, None]
+    if D is not None:
+        y = y + D * x
+    if z is not None:
+        y = y * F.silu(z)
+    return y
 
 
 def run_chunked_torch(p: ScanProblem, tables: ChunkTables) -> None:
@@ -58,23 +82,14 @@ def run_chunked_torch(p: ScanProblem, tables: ChunkTables) -> None:
             x = p.x[b, tok].to(torch.float32, copy=True)  # (L, H, P)
             B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N), gathered: new tensors
             dt = discretize_dt(p.dt[b, tok, :, 0].to(torch.float32, copy=True), dt_bias, p)  # (L, H)
-            a = dt * A  # (L, H), each token's log decay, floored as the Triton kernels floor it
-            cs = torch.cumsum(torch.maximum(a, -ZERO_DECAY_LOG - a.clamp(min=0).sum(0)), dim=0)
-            causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()[:, :, None]
-            decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)
-            scores = torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None]
-            y = torch.einsum("ijh,jhp->ihp", scores, x)
-            y = y + torch.einsum("ihn,hpn->ihp", C, state) * torch.exp(cs)[:, :, None]
-            if D is not None:
-                y = y + D * x
-            if p.z is not None:
-                y = y * F.silu(p.z[b, tok].to(torch.float32, copy=True))
-            p.y[b, tok] = y
+            cs = dt_cumsum(dt, A)
+            z = p.z[b, tok].to(torch.float32, copy=True) if p.z is not None else None
+            p.y[b, tok] = chunk_output(state, cs, dt, x, B, C, D, z)
             if tables.start_row_list[c] >= 0:
                 p.captured[tables.start_row_list[c]] = state
             for row, j in inner.get(c, ()):
-                p.captured[row] = _state_after(state, cs, dt, x, B, j)
-            state = _state_after(state, cs, dt, x, B, n)
+                p.captured[row] = state_after(state, cs, dt, x, B, j)
+            state = state_after(state, cs, dt, x, B, n)
         p.state_out[s] = state
         if tables.end_row_list[s] >= 0:
             p.captured[tables.end_row_list[s]] = state

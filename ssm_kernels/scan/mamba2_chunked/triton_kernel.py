@@ -7,8 +7,10 @@ inside a chunk, the state after token i of a chunk that starts from state S0 is
 
 so inside a chunk everything is matmuls (tensor cores), and only the chunk-start states are
 passed from chunk to chunk. The kernels keep cs in base-2 units (cs * log2(e)), so that every
-decay is one exp2. Five kernels, each over a grid fixed by the chunk grid and the model
-dimensions; scratch tensors are contiguous, laid out (chunk or capture, head or group, ...):
+decay is one exp2. Five stages, each one kernel over a grid fixed by the chunk grid and the
+model dimensions, launched by its own function (stage1_dt_cumsum ... stage5_chunk_output, run in
+order by run_chunked_triton); the scratch they pass one another (Workspace) is contiguous, laid
+out (chunk or capture, head or group, ...):
 
 1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
 2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
@@ -46,6 +48,8 @@ partial's), within the 1e-2 of every 16-bit result.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -53,7 +57,7 @@ import triton.language as tl
 from ..problem import ScanProblem
 from ..._triton import (INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         strides_or_zeros)
-from .tables import ChunkTables
+from .tables import STEP_WIDTH, Chunk, ChunkTables, InnerCapture
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
@@ -61,6 +65,10 @@ LOG2E = tl.constexpr(1.4426950408889634)
 # the chunk's positive log decays keeps every decay across it at zero, as it was: the floor
 # changes no result, only cs's magnitude.
 ZERO_DECAY_LOG2 = tl.constexpr(160.0)
+# Row widths of ChunkTables's int64 tables, whose columns the readers below load in tables.py's order.
+CHUNK_COLUMNS = tl.constexpr(len(Chunk._fields))
+INNER_COLUMNS = tl.constexpr(len(InnerCapture._fields))
+STEP_COLUMNS = tl.constexpr(STEP_WIDTH)
 
 
 @triton.jit
@@ -80,8 +88,22 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def _chunk_span(chunks_ptr, i_c):
-    """(batch row, first token, length) of chunk i_c, from the ChunkTables's (nchunks, 3) table."""
-    return tl.load(chunks_ptr + i_c * 3), tl.load(chunks_ptr + i_c * 3 + 1), tl.load(chunks_ptr + i_c * 3 + 2)
+    """Row i_c of ChunkTables.chunks: Chunk's fields in order (batch row, first token, length)."""
+    p = chunks_ptr + i_c * CHUNK_COLUMNS
+    return tl.load(p), tl.load(p + 1), tl.load(p + 2)
+
+
+@triton.jit
+def _chunk_length(chunks_ptr, i_c):
+    """Chunk.length of row i_c of ChunkTables.chunks."""
+    return tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 2)
+
+
+@triton.jit
+def _inner_capture(inner_ptr, i):
+    """Row i of ChunkTables.inner, less its capture row: InnerCapture's (chunk, offset)."""
+    p = inner_ptr + i * INNER_COLUMNS
+    return tl.load(p + 1), tl.load(p + 2)
 
 
 @triton.jit
@@ -180,10 +202,9 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
     o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
     if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
         i_c = i_row
-        n_tok = tl.load(chunks_ptr + i_c * 3 + 2)
+        n_tok = _chunk_length(chunks_ptr, i_c)
     else:  # the contribution of the inner capture's first j tokens of its chunk
-        i_c = tl.load(inner_ptr + (i_row - nchunks) * 3 + 1)
-        n_tok = tl.load(inner_ptr + (i_row - nchunks) * 3 + 2)
+        i_c, n_tok = _inner_capture(inner_ptr, i_row - nchunks)
     i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
     o_scr = (i_c * nheads + i_h) * CHUNK
     p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
@@ -201,8 +222,9 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
 
 @triton.jit
 def _step_row(steps_ptr, t):
-    """Row t of ChunkTables.steps: (chunk, first, last, start row, inner capture, its row, j)."""
-    p = steps_ptr + t * 8
+    """Row t of ChunkTables.steps: Step's fields in order (chunk, first, last, start_row, inner,
+    inner_row, inner_offset), its padding column unread."""
+    p = steps_ptr + t * STEP_COLUMNS
     return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
             tl.load(p + 6))
 
@@ -213,8 +235,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
                           headdim, dstate, nheads,
                           s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                           s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                          HAS_INITIAL_STATE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr):
+                          HAS_INITIAL_STATE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     size = headdim * dstate
@@ -357,62 +378,126 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
     )
 
 
-def run_chunked_triton(p: ScanProblem, tables: ChunkTables) -> None:
-    """Launch the five kernels; writes p.y, p.state_out and p.captured."""
-    assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
+@dataclass(frozen=True)
+class Workspace:
+    """A pass's launch configuration and the scratch its stages pass one another (module doc)."""
+
+    cfg: dict  # launch_config's
+    dt: torch.Tensor  # (nchunks, nheads, chunk) float32: dt', 0 past the chunk's end (stage 1)
+    cs: torch.Tensor  # (nchunks, nheads, chunk) float32: cumulative log2 decay, cs_last past the end (stage 1)
+    decay: torch.Tensor  # (nchunks, nheads) float32: exp(cs_last) (stage 1)
+    cb: torch.Tensor  # (nchunks, ngroups, chunk, chunk) matmul dtype: C B^T on and below the diagonal (stage 2)
+    states: torch.Tensor  # (nchunks, nheads, headdim, dstate) float32: each chunk's own contribution (stage 3)
+    partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
+    start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
+
+    @property
+    def launch(self) -> dict:
+        """Launch options of every stage but the output kernel's (cfg["output"])."""
+        return dict(num_warps=self.cfg["num_warps"], num_stages=self.cfg["num_stages"])
+
+    @property
+    def dot(self) -> dict:
+        """The matmul dtype, as the kernels take it."""
+        return dict(DOT_DTYPE=_DOT_DTYPES[self.cb.dtype])
+
+
+def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
+    """The workspace of a pass, unwritten."""
     nheads, headdim, dstate, ngroups = p.dims
-    chunk, nchunks, nseq, ninner = tables.chunk_size, tables.nchunks, p.seqs.count, len(tables.inner_list)
-    cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
-    bp, bn, bk, bm, bd = (cfg[k] for k in ("BLOCK_P", "BLOCK_N", "BLOCK_K", "BLOCK_M", "BLOCK_D"))
-    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    mm_dtype = MATMUL_DTYPES[p.x.dtype]
-    dot = dict(DOT_DTYPE=_DOT_DTYPES[mm_dtype])
-    device, f32 = p.x.device, torch.float32
-    # Scratch (see the module doc): dt', cs, decay; C B^T, the chunk-start states and the inner
-    # captures' partial contributions in the matmul dtype; the chunks' own states in fp32.
-    dt_s = torch.empty(nchunks, nheads, chunk, dtype=f32, device=device)
-    cs_s = torch.empty_like(dt_s)
-    decay = torch.empty(nchunks, nheads, dtype=f32, device=device)
-    cb = torch.empty(nchunks, ngroups, chunk, chunk, dtype=mm_dtype, device=device)
-    states = torch.empty(nchunks, nheads, headdim, dstate, dtype=f32, device=device)
-    start = torch.empty(nchunks, nheads, headdim, dstate, dtype=mm_dtype, device=device)
-    partial = torch.empty(ninner, nheads, headdim, dstate, dtype=mm_dtype, device=device)
-    out, captured = p.state_out, p.captured
+    chunk, nchunks, ninner = tables.chunk_size, tables.nchunks, len(tables.inner_list)
+    f32, mm = dict(dtype=torch.float32, device=p.x.device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=p.x.device)
+    return Workspace(
+        launch_config(headdim, dstate, chunk, p.x.dtype), torch.empty(nchunks, nheads, chunk, **f32),
+        torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
+        torch.empty(nchunks, ngroups, chunk, chunk, **mm), torch.empty(nchunks, nheads, headdim, dstate, **f32),
+        torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm))
+
+
+def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 1, a program per (chunk, head): ws.dt, ws.cs and ws.decay."""
+    nchunks, nheads = tables.nchunks, p.dims[0]
+    if not nchunks:
+        return
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
-    x_strides, B_strides, C_strides = p.x.stride(), p.B.stride(), p.C.stride()
-    heads_per_group = nheads // ngroups
-    n_pblocks, n_nblocks = triton.cdiv(headdim, bp), triton.cdiv(dstate, bn)
-    # The inner-capture arguments go to every launch, empty or not: the kernels are the same
-    # binaries with or without captures.
-    inner = ptr_or(tables.inner, tables.chunks)
-    if nchunks:
-        _dt_cumsum_kernel[(nchunks, nheads)](
-            dt, A, ptr_or(dt_bias, A), tables.chunks, dt_s, cs_s, decay, nheads, p.dt_min, p.dt_max,
-            *dt.stride(), A.stride(0), dt_bias.stride(0) if dt_bias is not None else 0,
-            HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=p.dt_softplus, CHUNK=chunk, **launch)
-        nm = chunk // bm
-        _chunk_cb_kernel[(nchunks * ngroups, nm, nm)](
-            p.B, p.C, tables.chunks, cb, dstate, ngroups, *B_strides, *C_strides,
-            CHUNK=chunk, BLOCK_M=bm, BLOCK_D=bd, **dot, **launch)
-        _chunk_state_kernel[(nchunks + ninner, nheads, n_pblocks * n_nblocks)](
-            p.x, p.B, dt_s, cs_s, tables.chunks, states, nchunks, inner, ptr_or(partial, start),
-            headdim, dstate, nheads, heads_per_group, n_nblocks, *x_strides, *B_strides,
-            CHUNK=chunk, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **dot, **launch)
-    if nseq:
-        _state_passing_kernel[(nseq, nheads, triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]))](
-            ptr_or(states, out), ptr_or(decay, out), ptr_or(cs_s, out), tables.seq_steps, tables.steps,
-            tables.end_rows, ptr_or(partial, ptr_or(start, out)),
-            ptr_or(p.state_in, out), ptr_or(start, out), out, ptr_or(captured, out),
+    _dt_cumsum_kernel[(nchunks, nheads)](
+        dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, nheads, p.dt_min, p.dt_max,
+        *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
+        HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=p.dt_softplus, CHUNK=tables.chunk_size, **ws.launch)
+
+
+def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 2, a program per (chunk x group, row block, column block): ws.cb."""
+    _, _, dstate, ngroups = p.dims
+    if not tables.nchunks:
+        return
+    nm = tables.chunk_size // ws.cfg["BLOCK_M"]
+    _chunk_cb_kernel[(tables.nchunks * ngroups, nm, nm)](
+        p.B, p.C, tables.chunks, ws.cb, dstate, ngroups, *p.B.stride(), *p.C.stride(),
+        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.launch)
+
+
+def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 3, a program per (chunk or inner capture, head, P x N block): ws.states and
+    ws.partial, from ws.dt and ws.cs."""
+    nheads, headdim, dstate, ngroups = p.dims
+    nchunks, ninner = tables.nchunks, len(tables.inner_list)
+    if not nchunks:
+        return
+    bp, bn = ws.cfg["BLOCK_P"], ws.cfg["BLOCK_N"]
+    n_nblocks = triton.cdiv(dstate, bn)
+    # The inner-capture arguments are passed, stood in for where there are none (in the matmul
+    # dtype): the kernel is the same binary with or without inner captures.
+    _chunk_state_kernel[(nchunks + ninner, nheads, triton.cdiv(headdim, bp) * n_nblocks)](
+        p.x, p.B, ws.dt, ws.cs, tables.chunks, ws.states, nchunks, ptr_or(tables.inner, tables.chunks),
+        ptr_or(ws.partial, ws.start), headdim, dstate, nheads, nheads // ngroups, n_nblocks,
+        *p.x.stride(), *p.B.stride(),
+        CHUNK=tables.chunk_size, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=ws.cfg["BLOCK_K"], **ws.dot, **ws.launch)
+
+
+def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 4, a program per (sequence, head, block of PASS_BLOCK state elements): ws.start,
+    p.state_out and p.captured (the captures asked for twice copied), from ws.states, ws.decay,
+    ws.cs and ws.partial."""
+    nheads, headdim, dstate, _ = p.dims
+    out, captured = p.state_out, p.captured
+    if p.seqs.count:
+        block = ws.cfg["PASS_BLOCK"]
+        _state_passing_kernel[(p.seqs.count, nheads, triton.cdiv(headdim * dstate, block))](
+            ptr_or(ws.states, out), ptr_or(ws.decay, out), ptr_or(ws.cs, out), tables.seq_steps, tables.steps,
+            tables.end_rows, ptr_or(ws.partial, ptr_or(ws.start, out)),
+            ptr_or(p.state_in, out), ptr_or(ws.start, out), out, ptr_or(captured, out),
             headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
-            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=chunk, BLOCK=cfg["PASS_BLOCK"], **dot, **launch)
-    if nchunks:
-        row_programs = chunk // bm * n_pblocks
-        _chunk_output_kernel[(nchunks, nheads, row_programs)](
-            p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, dt_s, cs_s, tables.chunks, cb, start,
-            headdim, dstate, nheads, heads_per_group, n_pblocks,
-            *x_strides, *C_strides, *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-            HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=bd,
-            **dot, **cfg["output"])
+            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=tables.chunk_size, BLOCK=block, **ws.launch)
     if tables.copy_rows.numel():
         captured[tables.copy_rows] = captured[tables.copy_from]
+
+
+def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 5, a program per (chunk, head, M x P block): p.y, from ws.dt, ws.cs, ws.cb and
+    ws.start."""
+    nheads, headdim, dstate, ngroups = p.dims
+    nchunks = tables.nchunks
+    if not nchunks:
+        return
+    out = p.state_out  # a stand-in for absent inputs
+    bm, bp = ws.cfg["BLOCK_M"], ws.cfg["BLOCK_P"]
+    n_pblocks = triton.cdiv(headdim, bp)
+    _chunk_output_kernel[(nchunks, nheads, tables.chunk_size // bm * n_pblocks)](
+        p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, tables.chunks, ws.cb, ws.start,
+        headdim, dstate, nheads, nheads // ngroups, n_pblocks,
+        *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
+        HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
+        BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
+
+
+STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
+
+
+def run_chunked_triton(p: ScanProblem, tables: ChunkTables) -> None:
+    """The five stages in order; writes p.y, p.state_out and p.captured."""
+    assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
+    ws = new_workspace(p, tables)
+    for stage in STAGES:
+        stage(p, tables, ws)

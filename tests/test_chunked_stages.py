@@ -1,0 +1,226 @@
+"""The chunked scan's five stages, each run on its own against its float64 reference
+(ssm_kernels/scan/mamba2_chunked/reference.py) and fed the reference's inputs for that stage, so
+that a wrong stage fails its own test: the Triton stages (through the interpreter), and the
+PyTorch path's per-chunk equivalents of stages 1, 3 and 5 (it folds stage 2 into 5, and its walk,
+stage 4, is its loop). The references themselves are checked composed, against the float64 scan.
+
+The kernels keep cs in base-2 units (cs * log2 e), and C B^T, the inner captures' partial sums and
+the chunk-start states in the matmul dtype: those conversions are made here, not in the references.
+Tolerances (helpers.TOLERANCE): float32's for what a stage computes in float32 from its inputs,
+the matmul dtype's for what it multiplies or stores in that dtype.
+"""
+import math
+from dataclasses import fields
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import TOLERANCE, assert_rel_close, mamba2_inputs
+from ssm_kernels._common import make_capture_table, make_sequences, new_output
+from ssm_kernels.scan.mamba2 import mamba2_problem
+from ssm_kernels.scan.mamba2_chunked import reference as ref
+from ssm_kernels.scan.mamba2_chunked import torch_kernel as pt
+from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
+from ssm_kernels.scan.mamba2_chunked.tables import make_chunk_tables
+from ssm_kernels.scan.reference import mamba2_scan_ref
+from ssm_kernels.scan.torch_kernel import discretize_dt
+
+CHUNK = 16
+LOG2E = math.log2(math.e)
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+F32_TOL = TOLERANCE[torch.float32]
+# A dense batch of two 37-token sequences, the second starting off the chunk grid (an 11-token
+# first chunk), with every optional input; a varlen batch with a 1-token and an empty sequence,
+# the first starting at a grid point, a per-row D and a dt limit without softplus.
+CASES = {
+    "dense": dict(lengths=[37, 37], varlen=False, start_positions=[0, 5], D_per_row=False,
+                  dims=dict(nheads=4, headdim=16, ngroups=2, dstate=32),
+                  options=("D", "z", "dt_bias", "initial_states"), dt_softplus=True, dt_limit=(0.0, math.inf)),
+    "varlen": dict(lengths=[20, 1, 0, 37], varlen=True, start_positions=[16, 0, 0, 0], D_per_row=True,
+                   dims=dict(nheads=4, headdim=12, ngroups=1, dstate=16),
+                   options=("D",), dt_softplus=False, dt_limit=(0.05, 0.4)),
+}
+
+
+def captures_for(lengths):
+    """Captures at 0, 1, inside a chunk (5), at 16 (a chunk's start or inside one), len-1, len;
+    the first one asked for again."""
+    pairs = [(s, k) for s, n in enumerate(lengths) for k in sorted({0, 1, 5, 16, n - 1, n}) if 0 <= k <= n]
+    return pairs + pairs[:1]
+
+
+def make_pass(case, dtype, device):
+    """The pass's inputs, its ScanProblem (outputs poisoned), its ChunkTables, and every stage's
+    float64 reference output, each stage fed the previous references' outputs."""
+    spec = CASES[case]
+    lengths = spec["lengths"]
+    batch, seqlen = (1, sum(lengths)) if spec["varlen"] else (len(lengths), lengths[0])
+    kw = mamba2_inputs(batch, seqlen, **spec["dims"], dtype=dtype, device=device, D_per_row=spec["D_per_row"],
+                       nseq=len(lengths))
+    inp = SimpleNamespace(**{k: kw[k] if k in ("x", "dt", "A", "B", "C") + spec["options"] else None for k in kw},
+                          dt_softplus=spec["dt_softplus"], dt_limit=spec["dt_limit"])
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=device) if spec["varlen"] else None
+    seqs = make_sequences(batch, seqlen, cu, device)
+    capture = captures_for(lengths)
+    captures = make_capture_table(capture, seqs, device)
+    nheads, headdim, dstate = spec["dims"]["nheads"], spec["dims"]["headdim"], spec["dims"]["dstate"]
+
+    def state(rows):
+        return new_output(rows, nheads, headdim, dstate, dtype=torch.float32, device=device)
+
+    p = mamba2_problem(inp.x, inp.dt, inp.A, inp.B, inp.C, inp.D, inp.z, inp.dt_bias, inp.dt_softplus, inp.dt_limit,
+                       inp.initial_states, None, seqs, captures, new_output(*inp.x.shape, dtype=dtype, device=device),
+                       state(seqs.count), state(captures.count))
+    tables = make_chunk_tables(seqs, captures, CHUNK, spec["start_positions"], device)
+
+    dt, cs, decay = ref.dt_cumsum_ref(inp.dt, inp.A, tables, dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus,
+                                      dt_limit=inp.dt_limit)
+    cb = ref.chunk_cb_ref(inp.B, inp.C, tables)
+    states, partial = ref.chunk_state_ref(inp.x, inp.B, dt, cs, tables)
+    start, final, captured = ref.state_passing_ref(states, decay, cs, partial, tables, inp.initial_states)
+    y = ref.chunk_output_ref(inp.x, inp.C, dt, cs, cb, start, tables, D=inp.D, z=inp.z)
+    want = SimpleNamespace(dt=dt, cs=cs, decay=decay, cb=cb, states=states, partial=partial, start=start,
+                           final=final, captured=captured, y=y)
+    return SimpleNamespace(inp=inp, cu_seqlens=cu, capture=capture, p=p, tables=tables, want=want,
+                           mm_tol=TOLERANCE[tk.MATMUL_DTYPES[dtype]])
+
+
+def workspace(run, **given):
+    """The pass's Triton workspace, NaN but for the given scratch, copied in from the references
+    (cs converted to base 2, each rounded to its scratch's dtype)."""
+    ws = tk.new_workspace(run.p, run.tables)
+    for f in fields(ws):
+        if f.name != "cfg":
+            getattr(ws, f.name).fill_(float("nan"))
+    for name, value in given.items():
+        getattr(ws, name).copy_(value * LOG2E if name == "cs" else value)
+    return ws
+
+
+# The Triton stages -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage1_dt_cumsum(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    ws = workspace(run)
+    tk.stage1_dt_cumsum(run.p, run.tables, ws)
+    assert_rel_close(ws.dt, run.want.dt, F32_TOL, "dt'")
+    assert_rel_close(ws.cs / LOG2E, run.want.cs, F32_TOL, "cs")
+    assert_rel_close(ws.decay, run.want.decay, F32_TOL, "decay")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage2_chunk_cb(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    ws = workspace(run)
+    tk.stage2_chunk_cb(run.p, run.tables, ws)
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()  # all the kernels write or read
+    assert_rel_close(torch.where(causal, ws.cb, 0.0), torch.where(causal, run.want.cb, 0.0), run.mm_tol, "C B^T")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage3_chunk_state(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    ws = workspace(run, dt=run.want.dt, cs=run.want.cs)
+    tk.stage3_chunk_state(run.p, run.tables, ws)
+    assert_rel_close(ws.states, run.want.states, run.mm_tol, "chunk states")
+    assert_rel_close(ws.partial, run.want.partial, run.mm_tol, "inner captures' partial states")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage4_state_passing(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    want = run.want
+    ws = workspace(run, states=want.states, decay=want.decay, cs=want.cs, partial=want.partial)
+    tk.stage4_state_passing(run.p, run.tables, ws)
+    assert_rel_close(ws.start, want.start, run.mm_tol, "chunk-start states")  # stored in the matmul dtype
+    assert_rel_close(run.p.state_out, want.final, F32_TOL, "final states")
+    assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")  # the partials' rounding
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage5_chunk_output(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    want = run.want
+    ws = workspace(run, dt=want.dt, cs=want.cs, cb=want.cb, start=want.start)
+    tk.stage5_chunk_output(run.p, run.tables, ws)
+    assert_rel_close(run.p.y, want.y, run.mm_tol, "y")
+
+
+# The PyTorch path's equivalents, chunk by chunk (float32 whatever the input dtype) ----------------
+
+def torch_chunk(run, c):
+    """Chunk c as run_chunked_torch takes it, in float32: its batch row b, tokens tok and length n,
+    the references' cs and dt' (n, nheads), x (n, nheads, headdim), the heads' B and C (n, nheads,
+    dstate)."""
+    inp, want = run.inp, run.want
+    nheads = inp.x.shape[2]
+    group = torch.arange(nheads, device=inp.x.device) // (nheads // inp.B.shape[2])
+    b, t0, n = run.tables.chunk_list[c]
+    tok = slice(t0, t0 + n)
+    return SimpleNamespace(b=b, tok=tok, n=n, cs=want.cs[c, :, :n].T.float(), dt=want.dt[c, :, :n].T.float(),
+                           x=inp.x[b, tok].float(), B=inp.B[b, tok][:, group].float(),
+                           C=inp.C[b, tok][:, group].float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_torch_stage1_dt_cumsum(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    p = run.p
+    dt_bias = p.dt_bias[:, 0].float() if p.dt_bias is not None else None
+    for c in range(run.tables.nchunks):
+        ch = torch_chunk(run, c)
+        dt = discretize_dt(p.dt[ch.b, ch.tok, :, 0].float(), dt_bias, p)
+        assert_rel_close(dt, run.want.dt[c, :, :ch.n].T, F32_TOL, f"chunk {c} dt'")
+        assert_rel_close(pt.dt_cumsum(dt, p.A[:, 0, 0].float()), run.want.cs[c, :, :ch.n].T, F32_TOL, f"chunk {c} cs")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_torch_stage3_chunk_state(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    zero = torch.zeros(run.want.states.shape[1:], device=device)
+
+    def contribution(c, k):  # of chunk c's first k tokens: the state they leave from a zero one
+        ch = torch_chunk(run, c)
+        return pt.state_after(zero, ch.cs, ch.dt, ch.x, ch.B, k)
+
+    states = [contribution(c, n) for c, (_, _, n) in enumerate(run.tables.chunk_list)]
+    partial = [contribution(c, j) for _, c, j in run.tables.inner_list]
+    assert_rel_close(torch.stack(states), run.want.states, F32_TOL, "chunk states")
+    assert_rel_close(torch.stack(partial), run.want.partial, F32_TOL, "inner captures' partial states")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_torch_stage5_chunk_output(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    p = run.p
+    y = torch.zeros_like(run.want.y)
+    D = p.D.float() if p.D is not None else None
+    for c in range(run.tables.nchunks):
+        ch = torch_chunk(run, c)
+        z = p.z[ch.b, ch.tok].float() if p.z is not None else None
+        y[ch.b, ch.tok] = pt.chunk_output(run.want.start[c].float(), ch.cs, ch.dt, ch.x, ch.B, ch.C, D, z).double()
+    assert_rel_close(y, run.want.y, F32_TOL, "y")
+
+
+# The references ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_stage_references_compose_to_the_float64_scan(case, device):
+    run = make_pass(case, torch.float32, device)
+    inp = run.inp
+    opts = dict(D=inp.D, z=inp.z, dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus, dt_limit=inp.dt_limit,
+                initial_states=inp.initial_states)
+    got = ref.chunked_scan_ref(inp.x, inp.dt, inp.A, inp.B, inp.C, run.tables, **opts)
+    want = mamba2_scan_ref(inp.x, inp.dt, inp.A, inp.B, inp.C, **opts, cu_seqlens=run.cu_seqlens, capture=run.capture)
+    for name, u, v in zip(want._fields, got, want):
+        assert_rel_close(u, v, 1e-12, name)
