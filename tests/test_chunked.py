@@ -179,17 +179,6 @@ def test_default_chunk_size_on_the_torch_path(device):
     assert_rel_close(smaller.final_states, got.final_states, 1e-5, "chunk 16 vs 256")
 
 
-def test_softplus_extremes(device):
-    args, kw = mamba2_positional(mamba2_inputs(1, 6, **SMALL, device=device))
-    x, dt, A, B, C = args
-    dt = torch.tensor([-30.0, -12.0, -3.0, 0.0, 19.0, 40.0], device=device).view(1, 6, 1).expand(1, 6, 4).contiguous()
-    want = mamba2_scan_ref(x, dt, A, B, C, dt_softplus=True)
-    for backend in BACKENDS:
-        got = chunked(x, dt, A, B, C, dt_softplus=True, backend=backend)
-        assert_rel_close(got.y, want.y, 1e-4, f"{backend} y")
-        assert_rel_close(got.final_states, want.final_states, 1e-4, f"{backend} state")
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float16_states_and_cb_past_its_range(backend, device):
     """float16 inputs whose chunk-start states (1e5) and C B^T (16 x 70 x 70 = 78400) pass
