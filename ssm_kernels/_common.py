@@ -420,18 +420,23 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
     return capture_table([(s, k, row) for row, (s, k) in enumerate(pairs)], seqs.count, device)
 
 
-def capture_table(entries, nseq: int, device: torch.device) -> CaptureTable:
-    """The table of checked (sequence, offset, row) captures of a pass of nseq sequences."""
+def capture_lists(entries, nseq: int) -> tuple[list, list[int], list[int], list[int]]:
+    """The host side of a capture table: (sorted entries, ptr, offset, row), for int_tables."""
     entries = sorted(entries)
-    if not entries:
-        return NO_CAPTURES
     counts = [0] * (nseq + 1)
     for s, _, _ in entries:
         counts[s + 1] += 1
     for s in range(nseq):
         counts[s + 1] += counts[s]
-    ptr, offset, row = int_tables(device, counts, [k for _, k, _ in entries], [r for _, _, r in entries])
-    return CaptureTable(ptr, offset, row, entries)
+    return entries, counts, [k for _, k, _ in entries], [r for _, _, r in entries]
+
+
+def capture_table(entries, nseq: int, device: torch.device) -> CaptureTable:
+    """The table of checked (sequence, offset, row) captures of a pass of nseq sequences."""
+    if not entries:
+        return NO_CAPTURES
+    entries, *lists = capture_lists(entries, nseq)
+    return CaptureTable(*int_tables(device, *lists), entries)
 
 
 def check_state_indices(state_indices, batch: int, nslots: int, state_name: str, device: torch.device,

@@ -6,9 +6,12 @@ slots (zeros where a row starts fresh), run the chunked scan on the packed pass 
 grid at the rows' absolute start positions, then store the final states into their slots rounded
 to the cache's dtype to nearest even, as the recurrent kernels store them. Captures go straight
 into their slots, rounded the same way by the kernels (their capture rows are the slots), so no
-copy moves them. Unlike the recurrent path this allocates per call: the chunked workspace, the
-gathered initial states, the float32 final states (and a staging output when a skipped row has
-tokens). The index tables are built once per step, on the first layer, and kept on the batch.
+copy moves them. The step's index tables go to the device in one copy, built by the step's first
+layer and kept on the batch; so are its scratch tensors (the Mamba-2 kernels' workspace, the
+gathered initial states, the float32 final states, a staging output when a skipped row has
+tokens): every layer of a step has the same shapes, so the later layers allocate nothing on the
+Mamba-2 Triton path. (The PyTorch path, for CPU, works in temporaries; the Mamba-1 kernels
+allocate their staged B and C per call.)
 """
 from __future__ import annotations
 
@@ -16,10 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import CaptureTable, Sequences, capture_table
+from .._common import NO_CAPTURES, CaptureTable, Sequences, capture_lists, int_tables
 from ..scan import mamba1_chunked
 from ..scan.algorithm import ALGORITHMS, ChunkedRules
-from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch, run_chunked_triton
+from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch
+from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton
 from ..scan.mamba2 import mamba2_problem
 from .batch import PrefillBatch
 
@@ -51,7 +55,6 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
     if step is not None:
         return step
     device = batch.seqs.cu_seqlens.device
-    index = lambda values: torch.tensor(values, dtype=torch.int64, device=device)
     live = [s for s, slot in enumerate(host.slots) if slot != batch.skip_slot]
     reads = [slot != batch.skip_slot and h for slot, h in zip(host.slots, host.has_initial)]
     seqs = batch.seqs  # varlen, with the true lengths on the host (read back for start_positions)
@@ -59,13 +62,15 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
     for length in seqs.lengths:
         bounds.append(bounds[-1] + length)
     skipped_tokens = any(n for n, slot in zip(seqs.lengths, host.slots) if slot == batch.skip_slot)
+    entries, *capture_tables = capture_lists(host.captures, seqs.count)
+    gather, fresh, final_rows, final_slots, live_tokens, *capture_tables = int_tables(  # one copy
+        device, [slot if r else 0 for slot, r in zip(host.slots, reads)], [s for s, r in enumerate(reads) if not r],
+        live, [host.slots[s] for s in live], [t for s in live for t in range(bounds[s], bounds[s + 1])],
+        *capture_tables)
     step = ChunkedStep(
-        gather=index([slot if r else 0 for slot, r in zip(host.slots, reads)]),
-        fresh=index([s for s, r in enumerate(reads) if not r]),
-        seqs=seqs,
-        captures=capture_table(host.captures, seqs.count, device),
-        final_rows=index(live), final_slots=index([host.slots[s] for s in live]),
-        live_tokens=index([t for s in live for t in range(bounds[s], bounds[s + 1])]) if skipped_tokens else None)
+        gather=gather, fresh=fresh, seqs=seqs,
+        captures=CaptureTable(*capture_tables, entries) if entries else NO_CAPTURES,
+        final_rows=final_rows, final_slots=final_slots, live_tokens=live_tokens if skipped_tokens else None)
     host.prepared["step"] = step
     return step
 
@@ -81,22 +86,44 @@ def resolve(algorithm, batch: PrefillBatch, device, rules: ChunkedRules) -> str:
     return rules.resolve_algorithm(algorithm, device, batch.seqs)
 
 
-def _initial_states(step: ChunkedStep, cache: torch.Tensor) -> torch.Tensor:
-    init = cache.index_select(0, step.gather).float()  # a new tensor, whatever the cache's dtype
-    return init.index_fill_(0, step.fresh, 0.0)
+def _scratch(batch: PrefillBatch, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A scratch tensor of the step: allocated by the first layer that asks for it, reused by the
+    others (a layer's call is done with it when it returns)."""
+    key = (name, tuple(shape), dtype, device)
+    buffer = batch.host.prepared.get(key)
+    if buffer is None:
+        buffer = batch.host.prepared[key] = torch.empty(shape, dtype=dtype, device=device)
+    return buffer
 
 
-def _store_final(step: ChunkedStep, cache, final) -> None:
-    cache.index_copy_(0, step.final_slots, final.index_select(0, step.final_rows).to(cache.dtype))
+def _select(batch: PrefillBatch, name: str, source: torch.Tensor, dim: int, index: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """source.index_select(dim, index).to(dtype), into the step's scratch (the cast rounds to
+    nearest even, as .to does)."""
+    shape = list(source.shape)
+    shape[dim] = index.numel()
+    picked = torch.index_select(source, dim, index, out=_scratch(batch, name, shape, source.dtype, source.device))
+    if dtype == source.dtype:
+        return picked
+    return _scratch(batch, name + " as " + str(dtype), shape, dtype, source.device).copy_(picked)
 
 
-def _staged(step: ChunkedStep, out: torch.Tensor) -> torch.Tensor:
-    return out if step.live_tokens is None else torch.empty_like(out)
+def _initial_states(batch: PrefillBatch, step: ChunkedStep, cache: torch.Tensor) -> torch.Tensor:
+    """The rows' float32 initial states: their slots' states, zeros where a row starts fresh."""
+    return _select(batch, "initial states", cache, 0, step.gather, torch.float32).index_fill_(0, step.fresh, 0.0)
 
 
-def _unstage(step: ChunkedStep, out, y, token_dim: int) -> None:
+def _store_final(batch: PrefillBatch, step: ChunkedStep, cache, final) -> None:
+    cache.index_copy_(0, step.final_slots, _select(batch, "final states", final, 0, step.final_rows, cache.dtype))
+
+
+def _staged(batch: PrefillBatch, step: ChunkedStep, out: torch.Tensor) -> torch.Tensor:
+    return out if step.live_tokens is None else _scratch(batch, "y", out.shape, out.dtype, out.device)
+
+
+def _unstage(batch: PrefillBatch, step: ChunkedStep, out, y, token_dim: int) -> None:
     if y is not out:
-        out.index_copy_(token_dim, step.live_tokens, y.index_select(token_dim, step.live_tokens))
+        out.index_copy_(token_dim, step.live_tokens, _select(batch, "live y", y, token_dim, step.live_tokens, y.dtype))
 
 
 def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
@@ -108,14 +135,22 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
     if tables is None:
         tables = make_chunk_tables(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
         batch.host.prepared[("mamba2", chunk_size)] = tables
-    final = torch.empty(step.seqs.count, nheads, headdim, dstate, dtype=torch.float32, device=x.device)
-    y = _staged(step, out)
+    final = _scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
+    y = _staged(batch, step, out)
     u = lambda t: None if t is None else t.unsqueeze(0)
     problem = mamba2_problem(u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit,
-                             _initial_states(step, ssm_state), None, step.seqs, step.captures, u(y), final, ssm_state)
-    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, tables)
-    _unstage(step, out, y, 0)
-    _store_final(step, ssm_state, final)
+                             _initial_states(batch, step, ssm_state), None, step.seqs, step.captures, u(y), final,
+                             ssm_state)
+    if backend == "triton":
+        key = ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:])
+        workspace = batch.host.prepared.get(key)
+        if workspace is None:
+            workspace = batch.host.prepared[key] = new_workspace(problem, tables)
+        run_chunked_triton(problem, tables, workspace)
+    else:
+        run_chunked_torch(problem, tables)
+    _unstage(batch, step, out, y, 0)
+    _store_final(batch, step, ssm_state, final)
 
 
 def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, backend: str,
@@ -124,12 +159,12 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     the layer's ScanProblem writing y (a (dim, ntokens) tensor) with the given state fields."""
     step = _step(batch)
     dim, dstate = ssm_state.shape[1:]
-    final = torch.empty(step.seqs.count, dim, dstate, dtype=torch.float32, device=out.device)
-    y = _staged(step, out)
+    final = _scratch(batch, "final", (step.seqs.count, dim, dstate), torch.float32, out.device)
+    y = _staged(batch, step, out)
     grouped = lambda t: t.unflatten(1, (ngroups, -1))
-    problem = make_problem(y, state_in=grouped(_initial_states(step, ssm_state)), state_index=None,
+    problem = make_problem(y, state_in=grouped(_initial_states(batch, step, ssm_state)), state_index=None,
                            seqs=step.seqs, captures=step.captures, state_out=grouped(final),
                            captured=grouped(ssm_state))
     mamba1_chunked.run(problem, backend, chunk_size, batch.host.start_positions)
-    _unstage(step, out, y, 1)
-    _store_final(step, ssm_state, final)
+    _unstage(batch, step, out, y, 1)
+    _store_final(batch, step, ssm_state, final)

@@ -495,9 +495,10 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
 STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
 
 
-def run_chunked_triton(p: ScanProblem, tables: ChunkTables) -> None:
-    """The five stages in order; writes p.y, p.state_out and p.captured."""
+def run_chunked_triton(p: ScanProblem, tables: ChunkTables, ws: Workspace | None = None) -> None:
+    """The five stages in order; writes p.y, p.state_out and p.captured. ws: a workspace of this
+    pass's shapes to reuse (a serving step's layers share one), else a new one."""
     assert not p.a_per_state and p.state_index is None, "the chunked scan serves mamba2_scan only"
-    ws = new_workspace(p, tables)
+    ws = ws or new_workspace(p, tables)
     for stage in STAGES:
         stage(p, tables, ws)
