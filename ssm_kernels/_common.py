@@ -377,6 +377,12 @@ class CacheSlots:
     has_initial: torch.Tensor | None = None
     skip_slot: int | None = None
 
+    @property
+    def slot_flags(self) -> dict[str, bool]:
+        """The kernels' constexpr flags for these options."""
+        return dict(HAS_SLOT_IN=self.state_index is not None, HAS_INITIAL_FLAGS=self.has_initial is not None,
+                    HAS_SKIP=self.skip_slot is not None)
+
 
 def _capture_pairs(capture) -> list[tuple[int, int]]:
     if capture is None:

@@ -176,3 +176,8 @@ def ptr_or(t, stand_in):
     """`t`, or `stand_in` where `t` is absent or empty (its constexpr flag or length keeps it
     unread; an empty CUDA tensor has no address to pass)."""
     return stand_in if t is None or t.numel() == 0 else t
+
+
+def flags_for(kernel, problem) -> dict[str, bool]:
+    """The problem's optional-input flags (problem.flags) that `kernel` takes as parameters."""
+    return {name: value for name, value in problem.flags.items() if name in kernel.arg_names}

@@ -48,5 +48,11 @@ class ConvProblem(CacheSlots):
     captured: torch.Tensor
 
     @property
+    def flags(self) -> dict[str, bool]:
+        """Every optional-input flag of the conv kernel, derived from the problem in one place."""
+        return dict(HAS_BIAS=self.bias is not None, SILU=self.silu, HAS_INITIAL_STATE=self.state_in is not None,
+                    IS_VARLEN=self.seqs.varlen, HAS_CAPTURE=self.captures.count > 0, **self.slot_flags)
+
+    @property
     def width(self) -> int:
         return self.weight.shape[1]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import EXACT_ROUNDING, cast_for_store, ptr_or, row_slots, sequence_span, strides_or_zeros
+from .._triton import EXACT_ROUNDING, flags_for, cast_for_store, ptr_or, row_slots, sequence_span, strides_or_zeros
 from .problem import ConvProblem
 
 # Tile sizes: fixed constants (the result of an element does not depend on them anyway: the tile
@@ -89,7 +89,7 @@ def _conv_kernel(
     s_cap_r, s_cap_d, s_cap_k,
     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURE: tl.constexpr,
-    HAS_STATE_INDEX: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
+    HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr,
 ):
     i_t = tl.program_id(0)
@@ -98,7 +98,7 @@ def _conv_kernel(
 
     i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
     i_slot, _, live, starts, length = row_slots(i_s, length, state_index_ptr, state_index_ptr, has_initial_ptr,
-                                               skip_slot, HAS_STATE_INDEX, False, HAS_INITIAL_FLAGS, HAS_SKIP)
+                                               skip_slot, HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
 
     # The tile [BLOCK_D channels, BLOCK_T // VEC, VEC] of outputs at o_t = v * VEC + j.
     o_d1 = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
@@ -154,7 +154,7 @@ def _conv_kernel(
                                    WIDTH, HAS_INITIAL_STATE)  # [BD, BW]
             p_fin = final_ptr + i_slot * s_fin_s + o_d1[:, None] * s_fin_d + o_w * s_fin_k
             m_fin = tl.where(live, m_dw, False)
-            if not HAS_STATE_INDEX:
+            if not HAS_SLOT_IN:
                 tl.store(p_fin, cast_for_store(b_state.to(tl.float32), final_ptr.dtype.element_ty), mask=m_fin)
             if HAS_CAPTURE:
                 c_lo = tl.load(cap_ptr_ptr + i_s)
@@ -170,7 +170,7 @@ def _conv_kernel(
                         keep = keep & (row != skip_slot)
                     tl.store(p_cap, cast_for_store(b_cap.to(tl.float32), captured_ptr.dtype.element_ty),
                              mask=tl.where(keep, m_dw, False))
-            if HAS_STATE_INDEX:
+            if HAS_SLOT_IN:
                 # In place: the final state overwrites the slot the initial inputs came from, so
                 # every read of them (this first time tile's outputs and captures) comes first.
                 tl.debug_barrier()
@@ -209,10 +209,7 @@ def run_triton(p: ConvProblem) -> None:
         dim, p.x.shape[2], 0 if p.skip_slot is None else p.skip_slot,
         *p.x.stride(), *p.weight.stride(), *strides_or_zeros(p.bias, 1), *strides_or_zeros(p.state_in, 3),
         *p.out.stride(), *p.state_out.stride(), *p.captured.stride(),
-        WIDTH=width, HAS_BIAS=p.bias is not None, SILU=p.silu,
-        HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
-        HAS_STATE_INDEX=p.state_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
-        HAS_SKIP=p.skip_slot is not None,
+        WIDTH=width, **flags_for(_conv_kernel, p),
         BLOCK_T=block_t, BLOCK_D=block_d, BLOCK_W=block_w, VEC=vec,
         num_warps=num_warps, **EXACT_ROUNDING,
     )

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, halves, ptr_or,
+from .._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, halves, ptr_or,
                        row_slots, sequence_span, strides_or_zeros)
 from .problem import ScanProblem
 
@@ -490,12 +490,7 @@ def run_triton(p: ScanProblem) -> None:
         *p.x.stride(), *p.dt.stride(), *p.A.stride(), *p.B.stride(), *p.C.stride(),
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
-        HAS_D=p.D is not None, HAS_Z=p.z is not None, HAS_DT_BIAS=p.dt_bias is not None,
-        DT_SOFTPLUS=p.dt_softplus, A_PER_STATE=p.a_per_state, DT_TABLE=use_table,
-        HAS_INITIAL_STATE=p.state_in is not None, HAS_SLOT_IN=p.state_index is not None,
-        HAS_SLOT_OUT=p.state_out_index is not None, HAS_INITIAL_FLAGS=p.has_initial is not None,
-        HAS_SKIP=p.skip_slot is not None,
-        IS_VARLEN=p.seqs.varlen, HAS_CAPTURE=cap.count > 0,
+        **flags_for(_scan_kernel, p), DT_TABLE=use_table,
         R=r, J=j, PL=pl, L=lanes, V=v, EVEN_P=headdim % block_p == 0, EVEN_N=dstate == j * lanes * v,
         PAIRS=pairs, IS_BF16=p.B.dtype == torch.bfloat16,
         OFFSETS_32=_token_offsets_fit_32_bits(p),

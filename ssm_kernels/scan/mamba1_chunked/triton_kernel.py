@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton import (EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, ptr_or,
+from ..._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, ptr_or,
                         sequence_span, strides_or_zeros)
 from ..problem import ScanProblem
 
@@ -221,7 +221,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
     if nchunks:
         _stage_bc_kernel[(nseq, nchunks, ngroups)](
             p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
-            nchunks, *p.B.stride(), *p.C.stride(), IS_VARLEN=p.seqs.varlen, HAS_POSITIONS=phases is not None,
+            nchunks, *p.B.stride(), *p.C.stride(), **flags_for(_stage_bc_kernel, p), HAS_POSITIONS=phases is not None,
             BLOCK_N=nr * nl, CHUNK=chunk, num_warps=4, **EXACT_ROUNDING)
     _mamba1_chunk_kernel[(nseq, ngroups, rows)](
         ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(stage, out), ptr_or(p.D, out),
@@ -232,9 +232,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
         *p.x.stride(), *p.dt.stride(), *p.A.stride(),
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
-        HAS_D=p.D is not None, HAS_Z=p.z is not None, HAS_DT_BIAS=p.dt_bias is not None,
-        DT_SOFTPLUS=p.dt_softplus, HAS_INITIAL_STATE=p.state_in is not None, IS_VARLEN=p.seqs.varlen,
-        HAS_POSITIONS=phases is not None, HAS_CAPTURE=cap.count > 0,
+        **flags_for(_mamba1_chunk_kernel, p), HAS_POSITIONS=phases is not None,
         NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32, IS_BF16=stage_dtype == torch.bfloat16,
         num_warps=1, **EXACT_ROUNDING,
     )

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from ..problem import ScanProblem
-from ..._triton import (INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
+from ..._triton import (flags_for, INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         strides_or_zeros)
 from .tables import STEP_WIDTH, Chunk, ChunkTables, InnerCapture
 
@@ -424,7 +424,7 @@ def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None
     _dt_cumsum_kernel[(nchunks, nheads)](
         dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, nheads, p.dt_min, p.dt_max,
         *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
-        HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=p.dt_softplus, CHUNK=tables.chunk_size, **ws.launch)
+        **flags_for(_dt_cumsum_kernel, p), CHUNK=tables.chunk_size, **ws.launch)
 
 
 def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -469,7 +469,7 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
             tables.end_rows, ptr_or(ws.partial, ptr_or(ws.start, out)),
             ptr_or(p.state_in, out), ptr_or(ws.start, out), out, ptr_or(captured, out),
             headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
-            HAS_INITIAL_STATE=p.state_in is not None, CHUNK=tables.chunk_size, BLOCK=block, **ws.launch)
+            **flags_for(_state_passing_kernel, p), CHUNK=tables.chunk_size, BLOCK=block, **ws.launch)
     if tables.copy_rows.numel():
         captured[tables.copy_rows] = captured[tables.copy_from]
 
@@ -488,7 +488,7 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
         p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, tables.chunks, ws.cb, ws.start,
         headdim, dstate, nheads, nheads // ngroups, n_pblocks,
         *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-        HAS_D=p.D is not None, HAS_Z=p.z is not None, CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
+        **flags_for(_chunk_output_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
         BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
 
 
