@@ -255,3 +255,34 @@ def test_a_steps_later_layers_allocate_nothing_on_the_chunked_triton_path(monkey
         # the staged y's select and store; the final states' select, cast and store) and views.
         kernels = [str(op) for op in counted.ops if not op.is_view]
         assert len(kernels) == 8 and len(counted.ops) <= 31, kernels
+
+
+def test_a_step_reads_its_tensors_back_once(monkeypatch):
+    """prefill_batch with start_positions reads the step's index tensors back in one transfer (one
+    sync on a GPU), and the layers' chunked calls read nothing back."""
+    seq, off, slot = (torch.tensor(c) for c in zip(*CAPTURES))
+    cu, slots, has_init = _cu(), torch.tensor(SLOTS, dtype=torch.int32), torch.tensor(HAS_INIT)
+    kw, cache = _mamba2_case(torch.float32)
+    reads, depth = [], [0]
+
+    def counted(name, real):
+        def read(self, *args):
+            if not depth[0]:  # a read's own inner calls are not reads of their own
+                reads.append(name)
+            depth[0] += 1
+            try:
+                return real(self, *args)
+            finally:
+                depth[0] -= 1
+        return read
+
+    for name in ("tolist", "item", "__int__", "__bool__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+    batch = cache_ops.prefill_batch(cu, slots, has_initial_state=has_init, capture_seq=seq, capture_offset=off,
+                                    capture_slot=slot, nslots=NSLOTS, start_positions=POSITIONS)
+    assert reads == ["tolist"]
+    reads.clear()
+    for backend in BACKENDS:
+        _mamba2_prefill(batch, kw, cache, torch.empty_like(kw["x"][0]), backend=backend, algorithm="chunked",
+                        chunk_size=CHUNK)
+        assert reads == [], backend

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._common import (INDEX_DTYPES, CaptureTable, Sequences, check_bool, check_decode_slots, check_optional_int,
-                       check_tensor, int_tables, lengths_from_bounds)
+from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_table, check_bool, check_decode_slots,
+                       check_optional_int, check_tensor, int_tables, lengths_from_bounds)
 from ..scan.algorithm import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
@@ -91,11 +91,9 @@ def slot_extremes(name, slots, live=None):
     return tuple((name, i, slot) for slot, i in (min(used), max(used))) if used else ()
 
 
-def _device_captures(seq, offset, slot, nseq: int, total_tokens: int, on_host: bool,
-                     skip_slot: int | None) -> CaptureTable:
-    """Capture tables sorted on the device: (sequence, offset) order, per-sequence bounds by
-    searchsorted. `entries` is filled for host tensors (the PyTorch path reads it) or when asked
-    (on_host: one read back), else holds only the count.
+def _device_captures(seq, offset, slot, nseq: int, skip_slot: int | None) -> CaptureTable:
+    """Capture tables sorted on the device, for a batch that reads nothing back: (sequence,
+    offset) order, per-sequence bounds by searchsorted; `entries` holds only the count.
 
     Declined captures (slot == skip_slot) may hold any placeholder sequence and offset: they sort
     past the last sequence's bounds, so no kernel reaches them, and the host tables leave them out."""
@@ -105,16 +103,25 @@ def _device_captures(seq, offset, slot, nseq: int, total_tokens: int, on_host: b
         declined = slot == skip_slot
         seq = torch.where(declined, nseq, seq)
         offset = torch.where(declined, 0, offset)
-    order = torch.argsort(seq * (total_tokens + 1) + offset, stable=True)
+    order = torch.argsort(seq * ((1 << 40) + 1) + offset, stable=True)  # offsets below 2^40 tokens
     seq, offset, slot = seq[order], offset[order], slot[order]
     ptr = torch.searchsorted(seq, torch.arange(nseq + 1, device=device), right=False)
-    if device.type == "cpu" or on_host:
-        n = int(ptr[nseq])  # the captures that are written
-        seq, offset, slot = seq[:n], offset[:n], slot[:n]
-        entries = list(zip(seq.tolist(), offset.tolist(), slot.tolist()))
-    else:
-        entries = [None] * seq.numel()  # only the count is read on this path (declined ones included)
-    return CaptureTable(ptr, offset, slot, entries)
+    return CaptureTable(ptr, offset, slot, [None] * seq.numel())  # declined ones counted too
+
+
+def _read_back(*tensors) -> list[list[int] | None]:
+    """Small int or bool tensors' values on the host, in one transfer (one sync on a GPU, however
+    many tensors); None stays None."""
+    present = [t.reshape(-1).long() for t in tensors if t is not None]
+    flat = torch.cat(present).tolist() if present else []
+    values, start = [], 0
+    for t in tensors:
+        if t is None:
+            values.append(None)
+            continue
+        values.append(flat[start:start + t.numel()])
+        start += t.numel()
+    return values
 
 
 def _no_captures(nseq: int, device) -> CaptureTable:
@@ -159,15 +166,16 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         skip_slot: rows whose state_indices entry equals this are skipped (vLLM's PAD_SLOT_ID,
             -1, by default); None computes every row.
         nslots: the cache's slot count (an int >= 1), for validation (optional).
-        validate: check values on the host (one device sync on CUDA): lengths, slot ranges, that
-            live rows' slots are distinct and that no capture lands on a slot a row reads.
-            With False nothing is read back; bad values are then undefined behaviour.
+        validate: check values on the host (one read back, one device sync on CUDA): lengths, slot
+            ranges, that live rows' slots are distinct and that no capture lands on a slot a row
+            reads. With False (and no start_positions) nothing is read back; bad values are then
+            undefined behaviour.
         start_positions: (nseq,) ints (a list or a 1-D int tensor), optional: the absolute position
             of each sequence's first token, i.e. the tokens it has already computed (vLLM's
             num_computed_tokens). Needed by the prefill ops' chunked algorithm, which puts its
             chunk grid there and plans chunks on the host: with start_positions the batch reads
-            its lengths, slots and captures back to the host once (one device sync on CUDA, even
-            with validate=False).
+            its lengths, slots, flags and captures back to the host in one transfer (one device
+            sync on CUDA, even with validate=False).
     """
     check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
     nseq = cu_seqlens.shape[0] - 1
@@ -193,66 +201,60 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
                 raise ValueError(f"{name} is on {t.device} but cu_seqlens is on {device}")
     skip_slot = check_optional_int("skip_slot", skip_slot)
     nslots = check_optional_int("nslots", nslots, 1)
-    if check_bool("validate", validate):
-        _validate_prefill(cu_seqlens, state_indices, capture_seq if ncap else None, capture_offset,
-                          capture_slot, skip_slot, nslots)
+    validate = check_bool("validate", validate)
     # The kernels index these by row: make them dense (a no-op for the usual contiguous tensors).
     state_indices = state_indices.contiguous()
-    # The kernels read lengths from cu_seqlens on the device; the host list here only carries the
-    # count (and, on the host path, the true lengths).
-    on_host = device.type == "cpu" or validate or start_positions is not None
-    if on_host:
-        bounds = cu_seqlens.tolist()
-        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    else:
-        lengths = [0] * nseq
     cu = (cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.long()).contiguous()
-    seqs = Sequences(cu, lengths, varlen=True)
+    on_host = device.type == "cpu" or validate or start_positions is not None
+    if not on_host:
+        # The kernels read lengths from cu_seqlens on the device; the host list only carries the count.
+        captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, skip_slot) if ncap \
+            else _no_captures(nseq, device)
+        return PrefillBatch(Sequences(cu, [0] * nseq, varlen=True), state_indices, has_initial_state, captures,
+                            skip_slot)
+    want_flags = start_positions is not None and has_initial_host is None and has_initial_state is not None
+    bounds, slots, flags, cap_seq, cap_offset, cap_slot = _read_back(
+        cu_seqlens, state_indices, has_initial_state if want_flags else None,
+        *((capture_seq, capture_offset, capture_slot) if ncap else (None,) * 3))
+    if validate:
+        _validate_prefill(bounds, slots, cap_seq, cap_offset, cap_slot, skip_slot, nslots)
+    seqs = Sequences(cu, [b - a for a, b in zip(bounds, bounds[1:])], varlen=True)
+    # Declined captures dropped, the rest sorted by (sequence, offset), on the host.
+    written = sorted((s, k, slot) for s, k, slot in zip(cap_seq, cap_offset, cap_slot) if slot != skip_slot) \
+        if ncap else []
+    captures = capture_table(written, nseq, device) if written else _no_captures(nseq, device)
+    # What the ops check against their tensors (the cache's slots, the token axis): a slot past
+    # the cache would be written out of bounds.
+    extremes = slot_extremes("state_indices", slots, [slot != skip_slot for slot in slots])
     if ncap:
-        total = lengths and max(sum(lengths), 0)
-        total_tokens = total if on_host else 1 << 40
-        captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, total_tokens,
-                                    on_host=start_positions is not None, skip_slot=skip_slot)
-    else:
-        captures = _no_captures(nseq, device)
-    # What the ops check against their tensors (the cache's slots, the token axis), where the
-    # values are on the host anyway: a slot past the cache would be written out of bounds.
-    extremes, ntokens = (), None
-    if on_host:
-        slots = state_indices.tolist()
-        extremes = slot_extremes("state_indices", slots, [slot != skip_slot for slot in slots])
-        if ncap:
-            cap_slots = capture_slot.tolist()
-            extremes += slot_extremes("capture_slot", cap_slots, [slot != skip_slot for slot in cap_slots])
-        ntokens = bounds[-1]
+        extremes += slot_extremes("capture_slot", cap_slot, [slot != skip_slot for slot in cap_slot])
     host = None
     if start_positions is not None:
         positions = check_start_positions(start_positions, seqs)
-        live = lambda s, slot: slot != skip_slot and slots[s] != skip_slot
         if has_initial_host is None:
-            has_initial_host = has_initial_state.tolist() if has_initial_state is not None else [True] * nseq
+            has_initial_host = [bool(f) for f in flags] if flags is not None else [True] * nseq
         host = HostStep(positions, slots, has_initial_host,
-                        [(s, k, slot) for s, k, slot in captures.entries if live(s, slot)])
-    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, ntokens)
+                        [(s, k, slot) for s, k, slot in written if slots[s] != skip_slot])
+    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, bounds[-1])
 
 
-def _validate_prefill(cu_seqlens, state_indices, capture_seq, capture_offset, capture_slot, skip_slot, nslots):
-    lengths = lengths_from_bounds(cu_seqlens.tolist())
-    slots = state_indices.tolist()
+def _validate_prefill(bounds, slots, capture_seq, capture_offset, capture_slot, skip_slot, nslots):
+    """Checks on the host values of prefill_batch's arguments (capture_seq None: no captures)."""
+    lengths = lengths_from_bounds(bounds)
     live = [s for s in slots if s != skip_slot]
     _check_slots("state_indices", slots, skip_slot, nslots)
     if len(set(live)) != len(live):
         raise ValueError("state_indices must be distinct (apart from skip_slot): two rows writing one slot would race")
     if capture_seq is None:
         return
-    cap_slots = [s for s in capture_slot.tolist() if s != skip_slot]
+    cap_slots = [s for s in capture_slot if s != skip_slot]
     _check_slots("capture_slot", cap_slots, None, nslots)
     if len(set(cap_slots)) != len(cap_slots):
         raise ValueError("capture_slot must be distinct: two captures writing one slot would race")
     if set(cap_slots) & set(live):
         raise ValueError(f"capture_slot {sorted(set(cap_slots) & set(live))} is also a row's state slot; "
                          "a capture must not overwrite a state the pass reads")
-    for i, (s, k, slot) in enumerate(zip(capture_seq.tolist(), capture_offset.tolist(), capture_slot.tolist())):
+    for i, (s, k, slot) in enumerate(zip(capture_seq, capture_offset, capture_slot)):
         if slot == skip_slot:
             continue
         if not 0 <= s < len(lengths):
