@@ -17,17 +17,15 @@ plugins as usual, and `SSM_KERNELS_VLLM=0` turns this one off. What it changes:
   "auto" (default: chunked on CUDA, recurrent on CPU), "chunked" or "recurrent". Captures stay
   in-pass with either.
 
-It checks vLLM's version and the signatures it patches; where they differ from what it was
-written against it leaves vLLM as it is and logs one warning.
+It checks vLLM's version (0.32.x, 0.33.x) and, in vLLM's source, every method it patches or calls
+and every attribute it reads (compat.py's table, which CI also checks against the newest release's
+source); where anything differs it leaves vLLM as it is and logs one warning.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 
-# vLLM releases whose Mamba code this plugin was written and tested against.
-SUPPORTED_VERSIONS = ("0.32.",)
 ENV_ENABLE = "SSM_KERNELS_VLLM"
 
 # Under vLLM's logger tree, so its handlers and level apply.
@@ -35,67 +33,14 @@ logger = logging.getLogger("vllm.plugins.ssm_prefill_kernels")
 _state = {"installed": False, "reason": None}
 
 
-def _params(fn) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
-def _fields(cls) -> set[str]:
-    return set(getattr(cls, "__dataclass_fields__", {}))
-
-
 def check_compatible() -> str | None:
-    """None when this vLLM is one the plugin knows, else why not."""
-    import vllm
+    """None when this vLLM is one the plugin knows, else why not: its version (0.32.x or 0.33.x)
+    and everything compat.EXPECTED lists (the methods patched, the attributes read), from the
+    installed vLLM's source."""
+    from . import compat
 
-    version = getattr(vllm, "__version__", "unknown")
-    if not version.startswith(SUPPORTED_VERSIONS):
-        return f"vLLM {version} is not a version this plugin was written for ({', '.join(SUPPORTED_VERSIONS)}x)"
-    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
-    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-    from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionMetadataBuilder
-    from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadata, Mamba2AttentionMetadataBuilder
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-    expected = [
-        (MambaMixer2.conv_ssm_forward, ["self", "projected_states", "output"]),
-        (MambaMixer.forward_impl, ["self", "hidden_states", "output"]),
-        (MambaManager.allocate_new_blocks, ["self", "request_id", "num_tokens", "num_tokens_main_model"]),
-        (MambaManager.get_num_blocks_to_allocate,
-         ["self", "request_id", "num_tokens", "new_computed_blocks", "total_computed_tokens",
-          "num_local_computed_tokens", "num_tokens_main_model", "apply_admission_cap", "prefill_end"]),
-        (Mamba2AttentionMetadataBuilder.update_block_table, ["self", "metadata", "blk_table", "slot_mapping"]),
-        (Scheduler._mamba_block_aligned_split, ["self", "request", "num_new_tokens", "num_new_local_computed_tokens",
-                                                "num_external_computed_tokens"]),
-        (Mamba2AttentionMetadataBuilder.build, ["self", "common_prefix_len", "common_attn_metadata", "fast_build",
-                                                "kwargs"]),
-        (Mamba1AttentionMetadataBuilder.update_block_table, ["self", "metadata", "blk_table", "slot_mapping"]),
-        (MambaManager.pop_blocks_for_free, ["self", "request_id"]),
-        (MambaManager.reachable_block_mask, ["start_block", "end_block", "alignment_tokens", "kv_cache_spec",
-                                             "use_eagle", "retention_interval", "reachable_boundaries",
-                                             "dcp_world_size", "final_segment_end_block"]),
-        (MambaMixer.get_kv_cache_spec, ["self", "vllm_config"]),
-        (Mamba1AttentionMetadataBuilder.build, ["self", "common_prefix_len", "common_attn_metadata",
-                                                "fast_build", "kwargs"]),
-    ]
-    for fn, params in expected:
-        if _params(fn) != params:
-            return f"{fn.__qualname__}{inspect.signature(fn)} is not the signature this plugin patches"
-    needed = {"num_prefills", "num_decodes", "num_prefill_tokens", "num_decode_tokens", "query_start_loc_p",
-              "state_indices_tensor_p", "state_indices_tensor_d", "has_initial_states_p", "checkpoint_meta"}
-    missing = needed - _fields(Mamba2AttentionMetadata)
-    if missing:
-        return f"Mamba2AttentionMetadata lacks {sorted(missing)}"
-    for name in ("split_hidden_states_B_C_fn", "tped_intermediate_size", "tped_conv_size", "tped_dt_size"):
-        if name not in inspect.getsource(MambaMixer2.__init__):
-            return f"MambaMixer2 no longer sets {name}"
-    manager_source = inspect.getsource(MambaManager)
-    for name in ("self._checkpoints", "self.req_to_blocks", "is_null"):
-        if name not in manager_source:
-            return f"MambaManager no longer uses {name}"
-    if "shared_prefix_boundary" not in inspect.getsource(Scheduler._mamba_block_aligned_split):
-        return "the scheduler's block-aligned split no longer reads request.shared_prefix_boundary"
-    return None
+    found = compat.installed_problems()
+    return "; ".join(found) if found else None
 
 
 def install() -> bool:
@@ -149,6 +94,10 @@ def install() -> bool:
         return spec
 
     MambaMixer.get_kv_cache_spec = mamba1_kv_cache_spec
+    if hasattr(MambaMixer, "get_prefill_checkpoint_alignment"):
+        # vLLM 0.33's hook (MambaBase: None, no in-pass checkpoint): the plugin's Mamba-1 layer
+        # exports a checkpoint at any token, as its spec says.
+        MambaMixer.get_prefill_checkpoint_alignment = lambda self: None if self.is_lora_enabled else 1
     captures.patch_manager(MambaManager)
     captures.patch_scheduler(Scheduler)
     captures.patch_builder(Mamba2AttentionMetadataBuilder)
