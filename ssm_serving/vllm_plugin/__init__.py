@@ -43,6 +43,33 @@ def check_compatible() -> str | None:
     return "; ".join(found) if found else None
 
 
+def model_runner_v2() -> bool:
+    """Whether vLLM runs its Model Runner V2, by vLLM's own rule (`VllmConfig.use_v2_model_runner`)
+    as far as it is decided before a configuration exists, so every process answers alike:
+    VLLM_USE_V2_MODEL_RUNNER where set, else V2 wherever vLLM has Triton (its default on CUDA;
+    vLLM's CPU build finds no Triton CPU backend and runs V1). A configuration with a feature V2
+    lacks falls back to V1, which is not known here: that counts as V2 (the plugin stands down)."""
+    from vllm import envs
+
+    explicit = envs.VLLM_USE_V2_MODEL_RUNNER
+    if explicit is not None:
+        return bool(explicit)
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON)
+
+
+def check_engine(vllm_config) -> None:
+    """At engine start (each Mamba layer's kv-cache spec, in every worker): what only the
+    configuration tells. vLLM can still pick Model Runner V2 where VLLM_USE_V2_MODEL_RUNNER=0
+    (watermarking overrides it); the scheduler's process has already patched by then, so this
+    is an error, not a stand-down."""
+    if vllm_config.use_v2_model_runner:
+        raise ValueError("ssm-prefill-kernels: vLLM chose Model Runner V2 for this configuration although "
+                         "VLLM_USE_V2_MODEL_RUNNER is not set to 1; the plugin is not shown correct under it: "
+                         f"set {ENV_ENABLE}=0 to serve with vLLM's own Mamba kernels")
+
+
 def install() -> bool:
     """Patch vLLM (idempotent). Returns whether the plugin is active."""
     if _state["installed"]:
@@ -54,6 +81,10 @@ def install() -> bool:
         reason = check_compatible()
     except Exception as e:  # an import path that moved is a mismatch too
         reason = f"vLLM's Mamba code is not where this plugin expects it ({type(e).__name__}: {e})"
+    if reason is None and model_runner_v2():
+        reason = ("vLLM runs its Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, or its default where Triton is "
+                  "present), which copies align-mode states itself and under which this plugin is not yet shown "
+                  "correct; set VLLM_USE_V2_MODEL_RUNNER=0 to use it")
     if reason is None:
         from . import mixers
 
@@ -85,15 +116,22 @@ def install() -> bool:
 
     # Mamba-1 layers export vLLM's prompt-tail checkpoint in-pass, as its Mamba-2 layer does, so
     # the scheduler no longer cuts a pass there.
-    spec_of = MambaMixer.get_kv_cache_spec
+    spec1_of, spec2_of = MambaMixer.get_kv_cache_spec, MambaMixer2.get_kv_cache_spec
 
     def mamba1_kv_cache_spec(self, vllm_config):
-        spec = spec_of(self, vllm_config)
+        spec = spec1_of(self, vllm_config)
+        check_engine(vllm_config)
         if isinstance(spec, MambaSpec) and not self.is_lora_enabled:
             spec = replace(spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
         return spec
 
+    def mamba2_kv_cache_spec(self, vllm_config):
+        spec = spec2_of(self, vllm_config)
+        check_engine(vllm_config)
+        return spec
+
     MambaMixer.get_kv_cache_spec = mamba1_kv_cache_spec
+    MambaMixer2.get_kv_cache_spec = mamba2_kv_cache_spec
     if hasattr(MambaMixer, "get_prefill_checkpoint_alignment"):
         # vLLM 0.33's hook (MambaBase: None, no in-pass checkpoint): the plugin's Mamba-1 layer
         # exports a checkpoint at any token, as its spec says.

@@ -61,6 +61,7 @@ EXPECTED: tuple[Expect, ...] = (
            attrs=("prefix", "is_lora_enabled", "kv_cache", "in_proj", "conv1d", "activation", "_time_proj_bias",
                   "_ssm_transform", "A", "D", "out_proj")),
     Expect(_MIXER1, "MambaMixer", "get_kv_cache_spec", ("self", "vllm_config")),
+    Expect(_MIXER2, "MambaMixer2", "get_kv_cache_spec", ("self", "vllm_config")),
     Expect(_MIXER1, "MambaMixer", "get_prefill_checkpoint_alignment", ("self",), optional=True),  # 0.33
     # Patched: the scheduler side (which block ends get a block, admission, retention).
     Expect(_MGR, "MambaManager", "get_num_blocks_to_allocate",
@@ -100,6 +101,11 @@ EXPECTED: tuple[Expect, ...] = (
     Expect("vllm.model_executor.layers.mamba.mamba_utils", "is_conv_state_dim_first", params=()),
     Expect("vllm.forward_context", "get_forward_context", params=()),
     Expect("vllm.forward_context", "ForwardContext", attrs=("attn_metadata",)),
+    # Read: how vLLM picks its model runner (model_runner_v2() follows the same rule).
+    Expect("vllm.config.vllm", "VllmConfig", "use_v2_model_runner", ("self",),
+           uses=("VLLM_USE_V2_MODEL_RUNNER", "HAS_TRITON")),
+    Expect("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER"),
+    Expect("vllm.triton_utils", "HAS_TRITON"),
 )
 
 
