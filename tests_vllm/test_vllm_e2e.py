@@ -80,14 +80,14 @@ def test_plugin_with_the_chunked_scan(kind, models, workdir, monkeypatch):
     assert reqs["branch"]["cached"] == bv.SHARED // bv.BLOCK * bv.BLOCK
 
 
-def test_prefill_algorithm_setting_is_checked(monkeypatch):
-    from ssm_serving.vllm_plugin import mixers
-
-    monkeypatch.setenv(mixers.ENV_ALGORITHM, "ssd")
-    with pytest.raises(ValueError, match=mixers.ENV_ALGORITHM):
-        mixers.prefill_algorithm()
-    monkeypatch.setenv(mixers.ENV_ALGORITHM, " chunked ")
-    assert mixers.prefill_algorithm() == "chunked"
+def test_a_bad_capture_interval_fails_the_engine_start(models, workdir, monkeypatch):
+    """100 tokens with 128-token blocks: a ValueError naming the setting while the engine starts
+    (the Mamba layers' kv-cache spec), not in its first step."""
+    monkeypatch.setenv("SSM_KERNELS_VLLM_CAPTURE_INTERVAL", "100")
+    res = bv.run_config(models["granite"], "plugin-align", rounds=1, max_tokens=1, workdir=workdir)
+    assert res["error"] and "SSM_KERNELS_VLLM_CAPTURE_INTERVAL must be 0 or a positive multiple of the Mamba " \
+        "block size 128, got 100" in res["error"], res["error"]
+    assert "engine_start_s" not in res and res["rounds"] == []
 
 
 def test_vllm_policy_alone_misses_the_branch(models, workdir):

@@ -1,5 +1,5 @@
-"""The plugin's start-up decisions, without serving: the model runner vLLM will use and the
-hooks only some vLLM releases have. Nothing here leaves vLLM patched in the test process."""
+"""The plugin's start-up decisions, without serving: its settings, the model runner vLLM will use
+and the hooks only some vLLM releases have. Nothing here leaves vLLM patched in the test process."""
 from __future__ import annotations
 
 import json
@@ -71,8 +71,41 @@ def test_engine_start_refuses_a_v2_config():
     """A configuration vLLM turns to V2 although the environment said V1 (watermarking does):
     a clear error at engine start, from the Mamba layers' kv-cache spec."""
     with pytest.raises(ValueError, match="Model Runner V2.*SSM_KERNELS_VLLM=0"):
-        plugin.check_engine(SimpleNamespace(use_v2_model_runner=True))
-    plugin.check_engine(SimpleNamespace(use_v2_model_runner=False))
+        plugin.check_engine(SimpleNamespace(use_v2_model_runner=True), None)
+    plugin.check_engine(SimpleNamespace(use_v2_model_runner=False), None)
+
+
+@pytest.mark.parametrize("name, value", [("SSM_KERNELS_VLLM_PREFILL_ALGORITHM", "ssd"),
+                                         ("SSM_KERNELS_VLLM_CAPTURE_INTERVAL", "-64"),
+                                         ("SSM_KERNELS_VLLM", "maybe")])
+def test_a_bad_setting_fails_install(monkeypatch, fresh, name, value):
+    """The entry point vLLM calls before it builds an engine raises, naming the setting, and
+    patches nothing."""
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    before = MambaMixer2.conv_ssm_forward
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        plugin.install()
+    assert MambaMixer2.conv_ssm_forward is before and not plugin.status()["installed"]
+
+
+def test_engine_start_checks_the_capture_interval(monkeypatch):
+    """The block-size part, at the Mamba layers' kv-cache spec: prefix caching ("align") only."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from ssm_serving.vllm_plugin import settings
+
+    monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=100))
+    config = SimpleNamespace(use_v2_model_runner=False)
+    spec = dict(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,))
+    with pytest.raises(ValueError, match="SSM_KERNELS_VLLM_CAPTURE_INTERVAL must be 0 or a positive multiple of "
+                                         "the Mamba block size 64, got 100"):
+        plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="align"))
+    plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="none"))  # no captures without caching
+    monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=128))
+    plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="align"))
 
 
 _ALIGNMENT = """

@@ -2,7 +2,8 @@
 
 Registered under the entry-point group `vllm.general_plugins` (see pyproject.toml), so vLLM
 loads it in every process once this package is installed next to vLLM; `VLLM_PLUGINS` filters
-plugins as usual, and `SSM_KERNELS_VLLM=0` turns this one off. What it changes:
+plugins as usual, and `SSM_KERNELS_VLLM=0` turns this one off (settings.py has every setting,
+checked at engine start). What it changes:
 
 - `MambaMixer2.conv_ssm_forward` (Mamba-2 layers: Granite-4.0-H, Nemotron-H, Falcon-H1, Zamba2,
   Mamba-2) and `MambaMixer.forward_impl` (Mamba-1: Jamba, Mamba) run the conv, the scan and the
@@ -24,9 +25,8 @@ source); where anything differs it leaves vLLM as it is and logs one warning.
 from __future__ import annotations
 
 import logging
-import os
 
-ENV_ENABLE = "SSM_KERNELS_VLLM"
+from . import settings
 
 # Under vLLM's logger tree, so its handlers and level apply.
 logger = logging.getLogger("vllm.plugins.ssm_prefill_kernels")
@@ -59,23 +59,27 @@ def model_runner_v2() -> bool:
     return bool(HAS_TRITON)
 
 
-def check_engine(vllm_config) -> None:
+def check_engine(vllm_config, spec) -> None:
     """At engine start (each Mamba layer's kv-cache spec, in every worker): what only the
-    configuration tells. vLLM can still pick Model Runner V2 where VLLM_USE_V2_MODEL_RUNNER=0
-    (watermarking overrides it); the scheduler's process has already patched by then, so this
-    is an error, not a stand-down."""
+    configuration tells. The capture interval against the Mamba block size; and the runner:
+    vLLM can still pick Model Runner V2 where VLLM_USE_V2_MODEL_RUNNER=0 (watermarking overrides
+    it), and the scheduler's process has patched by then, so that is an error, not a stand-down."""
     if vllm_config.use_v2_model_runner:
         raise ValueError("ssm-prefill-kernels: vLLM chose Model Runner V2 for this configuration although "
                          "VLLM_USE_V2_MODEL_RUNNER is not set to 1; the plugin is not shown correct under it: "
-                         f"set {ENV_ENABLE}=0 to serve with vLLM's own Mamba kernels")
+                         f"set {settings.ENABLE}=0 to serve with vLLM's own Mamba kernels")
+    if getattr(spec, "mamba_cache_mode", None) == "align":
+        settings.check_block_size(settings.current, spec.block_size)
 
 
 def install() -> bool:
-    """Patch vLLM (idempotent). Returns whether the plugin is active."""
+    """Patch vLLM (idempotent). Returns whether the plugin is active; ValueError for a bad
+    setting (settings.py), before anything is patched."""
     if _state["installed"]:
         return True
-    if os.environ.get(ENV_ENABLE, "1").strip() in ("0", "false", "no"):
-        _state["reason"] = f"{ENV_ENABLE}=0"
+    settings.current = settings.read()
+    if not settings.current.enabled:
+        _state["reason"] = f"{settings.ENABLE}=0"
         return False
     try:
         reason = check_compatible()
@@ -85,13 +89,6 @@ def install() -> bool:
         reason = ("vLLM runs its Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, or its default where Triton is "
                   "present), which copies align-mode states itself and under which this plugin is not yet shown "
                   "correct; set VLLM_USE_V2_MODEL_RUNNER=0 to use it")
-    if reason is None:
-        from . import mixers
-
-        try:
-            _state["prefill_algorithm"] = mixers.prefill_algorithm()
-        except ValueError as e:
-            reason = str(e)
     if reason is not None:
         _state["reason"] = reason
         logger.warning("ssm-prefill-kernels: leaving vLLM's own Mamba kernels in place: %s", reason)
@@ -120,14 +117,14 @@ def install() -> bool:
 
     def mamba1_kv_cache_spec(self, vllm_config):
         spec = spec1_of(self, vllm_config)
-        check_engine(vllm_config)
+        check_engine(vllm_config, spec)
         if isinstance(spec, MambaSpec) and not self.is_lora_enabled:
             spec = replace(spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
         return spec
 
     def mamba2_kv_cache_spec(self, vllm_config):
         spec = spec2_of(self, vllm_config)
-        check_engine(vllm_config)
+        check_engine(vllm_config, spec)
         return spec
 
     MambaMixer.get_kv_cache_spec = mamba1_kv_cache_spec
@@ -140,7 +137,8 @@ def install() -> bool:
     captures.patch_scheduler(Scheduler)
     captures.patch_builder(Mamba2AttentionMetadataBuilder)
     captures.patch_builder(Mamba1AttentionMetadataBuilder)
-    _state["installed"] = True
+    _state.update(installed=True, prefill_algorithm=settings.current.prefill_algorithm,
+                  capture_interval=settings.current.capture_interval)
     logger.info("ssm-prefill-kernels: vLLM's Mamba-1/Mamba-2 layers run on ssm_kernels, block-end "
                 "states captured in-pass")
     return True

@@ -18,7 +18,7 @@ follows the block table, so the two never disagree:
   which costs a pass to save the state there): the manager keeps the junction's block end and
   the pass captures it.
 
-Memory policy: a state every `interval` tokens (the env SSM_KERNELS_VLLM_CAPTURE_INTERVAL, a
+Memory policy: a state every `interval` tokens (settings.py: SSM_KERNELS_VLLM_CAPTURE_INTERVAL, a
 multiple of the block size; default the block size: every block end; 0: vLLM's own policy, the
 tail and junction only), plus the block-floored junction vLLM detects for a request. Captured
 blocks are ordinary prefix-cache blocks: once the pass has written them and the request has moved
@@ -30,26 +30,9 @@ and outside align mode.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-ENV_INTERVAL = "SSM_KERNELS_VLLM_CAPTURE_INTERVAL"
-
-
-def capture_interval(block_size: int) -> int:
-    """Tokens between captured states (a multiple of block_size), or 0 for none."""
-    raw = os.environ.get(ENV_INTERVAL, "").strip()
-    if not raw:
-        return block_size
-    try:
-        interval = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_INTERVAL} must be an integer number of tokens, got {raw!r}") from None
-    if interval < 0 or interval % block_size:
-        raise ValueError(f"{ENV_INTERVAL} must be 0 or a positive multiple of the block size "
-                         f"{block_size}, got {interval}")
-    return interval
+from . import settings
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -77,7 +60,7 @@ def manager_active(mgr) -> bool:
 
 
 def _manager_interval(mgr) -> int:
-    return capture_interval(mgr.block_size) if manager_active(mgr) else 0
+    return settings.current.interval(mgr.block_size) if manager_active(mgr) else 0
 
 
 def _extra_columns(mgr, request_id: str, prev_len: int, num_tokens: int) -> list[int]:
@@ -129,7 +112,7 @@ def patch_manager(MambaManager) -> None:
         result = mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, *args, **kwargs)
         if result is None or not _spec_active(kv_cache_spec):
             return result
-        interval = capture_interval(kv_cache_spec.block_size)
+        interval = settings.current.interval(kv_cache_spec.block_size)
         if interval:
             for i in range(start_block, end_block):
                 if ((i + 1) * kv_cache_spec.block_size) % interval == 0:
