@@ -100,6 +100,7 @@ def install() -> bool:
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionMetadataBuilder
     from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
     from vllm.v1.kv_cache_interface import MambaSpec
@@ -134,6 +135,7 @@ def install() -> bool:
         # exports a checkpoint at any token, as its spec says.
         MambaMixer.get_prefill_checkpoint_alignment = lambda self: None if self.is_lora_enabled else 1
     captures.patch_manager(MambaManager)
+    captures.patch_kv_cache_manager(KVCacheManager)
     captures.patch_scheduler(Scheduler)
     captures.patch_builder(Mamba2AttentionMetadataBuilder)
     captures.patch_builder(Mamba1AttentionMetadataBuilder)

@@ -46,6 +46,7 @@ _B1 = "vllm.v1.attention.backends.mamba1_attn"
 _B2 = "vllm.v1.attention.backends.mamba2_attn"
 _MGR = "vllm.v1.core.single_type_kv_cache_manager"
 _SCHED = "vllm.v1.core.sched.scheduler"
+_KVM = "vllm.v1.core.kv_cache_manager"
 _BUILD = ("self", "common_prefix_len", "common_attn_metadata", "fast_build", "**kwargs")
 _UPDATE = ("self", "metadata", "blk_table", "slot_mapping")
 _MD = ("num_prefills", "num_decodes", "num_prefill_tokens", "num_decode_tokens", "query_start_loc_p",
@@ -76,6 +77,11 @@ EXPECTED: tuple[Expect, ...] = (
     Expect(_SCHED, "Scheduler", "_mamba_block_aligned_split",
            ("self", "request", "num_new_tokens", "num_new_local_computed_tokens", "num_external_computed_tokens"),
            attrs=("kv_cache_manager", "mamba_shared_prefix_checkpoint"), uses=("shared_prefix_boundary",)),
+    Expect(_KVM, "KVCacheManager", "allocate_slots",
+           ("self", "request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",
+            "num_lookahead_tokens", "num_external_computed_tokens", "delay_cache_blocks", "num_encoder_tokens",
+            "full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs", "skip_zeroing_group_ids"),
+           attrs=("coordinator",)),
     # Patched: the worker side (the step's captures, from the block table).
     Expect(_B2, "Mamba2AttentionMetadataBuilder", "build", _BUILD, attrs=("kv_cache_spec", "vllm_config")),
     Expect(_B2, "Mamba2AttentionMetadataBuilder", "update_block_table", _UPDATE),
