@@ -107,8 +107,8 @@ def test_version_gate(tree, monkeypatch):
 
 
 def test_cli_fails_on_a_mismatch(tree, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compat, "EXPECTED", (Expect("vllm.layer", "Layer", "forward", ("self", "hidden_states", "output",
-                                                                                       "fast", "**kwargs")),))
+    forward = Expect("vllm.layer", "Layer", "forward", ("self", "hidden_states", "output", "fast", "**kwargs"))
+    monkeypatch.setattr(compat, "EXPECTED", (forward,))
     assert compat.main([str(tmp_path)]) == 0
     assert "vLLM 0.33.0: 1 expectations, 0 mismatches" in capsys.readouterr().out
     monkeypatch.setattr(compat, "EXPECTED", compat.EXPECTED + (Expect("vllm.layer", "Layer", attrs=("gone",)),))

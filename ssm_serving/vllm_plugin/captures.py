@@ -27,8 +27,9 @@ attention pages), so they never hold memory a running request needs. While a ste
 request holds at most ceil(chunk / interval) + 1 more blocks per Mamba cache group than vLLM's
 own; admission and vLLM's reservations for running prefills count none of them, and a step whose
 capture blocks do not fit runs without them (vLLM's own blocks), so the plugin never keeps a
-request waiting that vLLM alone would serve: in a tight cache it captures less. Off (vLLM's behaviour) with speculative decoding, with hash blocks finer than cache blocks,
-and outside align mode.
+request waiting that vLLM alone would serve: in a tight cache it captures less. Off (vLLM's
+behaviour) with speculative decoding, with hash blocks finer than cache blocks, and outside align
+mode.
 """
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 # vLLM releases this plugin was written and checked against (CI reads 0.33's source, runs 0.32).
 SUPPORTED_VERSIONS = ("0.32.", "0.33.")
@@ -125,7 +125,7 @@ class SourceTree:
         self._read, self._trees = read, {}
 
     @classmethod
-    def at(cls, root: Path) -> "SourceTree":
+    def at(cls, root: Path) -> SourceTree:
         """The tree under `root` (the folder that holds `vllm/`)."""
         def read(module: str) -> str | None:
             base = Path(root, *module.split("."))

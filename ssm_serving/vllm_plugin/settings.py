@@ -39,7 +39,7 @@ def read(environ=None) -> Settings:
     """The settings `environ` (default os.environ) holds; ValueError for a bad one. With the
     plugin off the others are not read."""
     env = os.environ if environ is None else environ
-    get = lambda name: env.get(name, "").strip()  # noqa: E731
+    get = lambda name: env.get(name, "").strip()
     switch = get(ENABLE).lower() or "1"
     if switch not in _SWITCH:
         raise ValueError(f"{ENABLE} must be one of {sorted(_SWITCH)}, got {env[ENABLE]!r}")
