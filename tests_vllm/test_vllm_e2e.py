@@ -80,14 +80,14 @@ def test_plugin_with_the_chunked_scan(kind, models, workdir, monkeypatch):
     assert reqs["branch"]["cached"] == bv.SHARED // bv.BLOCK * bv.BLOCK
 
 
-def test_prefill_algorithm_setting_is_checked(monkeypatch):
-    from ssm_serving.vllm_plugin import mixers
-
-    monkeypatch.setenv(mixers.ENV_ALGORITHM, "ssd")
-    with pytest.raises(ValueError, match=mixers.ENV_ALGORITHM):
-        mixers.prefill_algorithm()
-    monkeypatch.setenv(mixers.ENV_ALGORITHM, " chunked ")
-    assert mixers.prefill_algorithm() == "chunked"
+def test_a_bad_capture_interval_fails_the_engine_start(models, workdir, monkeypatch):
+    """100 tokens with 128-token blocks: a ValueError naming the setting while the engine starts
+    (the Mamba layers' kv-cache spec), not in its first step."""
+    monkeypatch.setenv("SSM_KERNELS_VLLM_CAPTURE_INTERVAL", "100")
+    res = bv.run_config(models["granite"], "plugin-align", rounds=1, max_tokens=1, workdir=workdir)
+    assert res["error"] and "SSM_KERNELS_VLLM_CAPTURE_INTERVAL must be 0 or a positive multiple of the Mamba " \
+        "block size 128, got 100" in res["error"], res["error"]
+    assert "engine_start_s" not in res and res["rounds"] == []
 
 
 def test_vllm_policy_alone_misses_the_branch(models, workdir):
@@ -147,3 +147,58 @@ def test_plugin_checks_the_signatures_it_patches():
     import ssm_serving.vllm_plugin as plugin
 
     assert plugin.check_compatible() is None
+
+
+def test_plugin_leaves_vllm_alone_when_its_source_differs(monkeypatch, caplog):
+    """A supported version whose source lacks something the table lists: nothing patched."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    import ssm_serving.vllm_plugin as plugin
+    from ssm_serving.vllm_plugin import compat
+
+    before = MambaManager.get_num_blocks_to_allocate
+    missing = compat.Expect("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", attrs=("_gone",))
+    monkeypatch.setattr(compat, "EXPECTED", compat.EXPECTED + (missing,))
+    monkeypatch.setitem(plugin._state, "installed", False)
+    plugin.logger.addHandler(caplog.handler)
+    try:
+        assert plugin.install() is False
+    finally:
+        plugin.logger.removeHandler(caplog.handler)
+    assert "MambaManager no longer has _gone" in plugin.status()["reason"]
+    assert MambaManager.get_num_blocks_to_allocate is before
+    # one record (the handler added above may see it a second time through the root logger)
+    assert len({id(r) for r in caplog.records if "leaving vLLM's own Mamba kernels" in r.getMessage()}) == 1
+
+
+_PATCHED = """
+import importlib, json
+from ssm_serving.vllm_plugin import compat
+import ssm_serving.vllm_plugin as plugin
+classes = {}
+for module in {e.module for e in compat.EXPECTED}:
+    for obj in vars(importlib.import_module(module)).values():
+        if isinstance(obj, type) and obj.__module__.startswith("vllm."):
+            classes[obj] = dict(vars(obj))
+assert plugin.install(), plugin.status()
+print(json.dumps(sorted([cls.__name__, name] for cls, before in classes.items()
+                        for name, value in vars(cls).items() if before.get(name) is not value)))
+"""
+
+
+def test_every_patch_is_in_the_table():
+    """What install() replaces on vLLM's classes is listed in compat.EXPECTED, so the runtime
+    guard and CI's source check cover it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ssm_serving.vllm_plugin import compat
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSM_KERNELS_VLLM")}
+    out = subprocess.run([sys.executable, "-c", _PATCHED], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    patched = {tuple(p) for p in json.loads(out.stdout.strip().splitlines()[-1])}
+    assert ("MambaManager", "get_num_blocks_to_allocate") in patched
+    assert patched <= {(e.name, e.method) for e in compat.EXPECTED if e.method}, patched

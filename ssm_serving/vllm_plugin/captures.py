@@ -18,38 +18,24 @@ follows the block table, so the two never disagree:
   which costs a pass to save the state there): the manager keeps the junction's block end and
   the pass captures it.
 
-Memory policy: a state every `interval` tokens (the env SSM_KERNELS_VLLM_CAPTURE_INTERVAL, a
+Memory policy: a state every `interval` tokens (settings.py: SSM_KERNELS_VLLM_CAPTURE_INTERVAL, a
 multiple of the block size; default the block size: every block end; 0: vLLM's own policy, the
 tail and junction only), plus the block-floored junction vLLM detects for a request. Captured
 blocks are ordinary prefix-cache blocks: once the pass has written them and the request has moved
 past them they return to the free pool with their hash (evicted least-recently-used, like
 attention pages), so they never hold memory a running request needs. While a step runs, a
 request holds at most ceil(chunk / interval) + 1 more blocks per Mamba cache group than vLLM's
-own. Off (vLLM's behaviour) with speculative decoding, with hash blocks finer than cache blocks,
-and outside align mode.
+own; admission and vLLM's reservations for running prefills count none of them, and a step whose
+capture blocks do not fit runs without them (vLLM's own blocks), so the plugin never keeps a
+request waiting that vLLM alone would serve: in a tight cache it captures less. Off (vLLM's
+behaviour) with speculative decoding, with hash blocks finer than cache blocks, and outside align
+mode.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-ENV_INTERVAL = "SSM_KERNELS_VLLM_CAPTURE_INTERVAL"
-
-
-def capture_interval(block_size: int) -> int:
-    """Tokens between captured states (a multiple of block_size), or 0 for none."""
-    raw = os.environ.get(ENV_INTERVAL, "").strip()
-    if not raw:
-        return block_size
-    try:
-        interval = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_INTERVAL} must be an integer number of tokens, got {raw!r}") from None
-    if interval < 0 or interval % block_size:
-        raise ValueError(f"{ENV_INTERVAL} must be 0 or a positive multiple of the block size "
-                         f"{block_size}, got {interval}")
-    return interval
+from . import settings
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -77,7 +63,9 @@ def manager_active(mgr) -> bool:
 
 
 def _manager_interval(mgr) -> int:
-    return capture_interval(mgr.block_size) if manager_active(mgr) else 0
+    if not manager_active(mgr) or getattr(mgr, "_ssm_suspended", False):
+        return 0
+    return settings.current.interval(mgr.block_size)
 
 
 def _extra_columns(mgr, request_id: str, prev_len: int, num_tokens: int) -> list[int]:
@@ -99,13 +87,19 @@ def patch_manager(MambaManager) -> None:
     mask = MambaManager.reachable_block_mask.__func__
 
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                                   num_local_computed_tokens, num_tokens_main_model, *args, **kwargs):
+                                   num_local_computed_tokens, num_tokens_main_model, apply_admission_cap=False,
+                                   prefill_end=0):
         n = get_num(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                    num_local_computed_tokens, num_tokens_main_model, *args, **kwargs)
-        if n > self.block_pool.num_gpu_blocks or not manager_active(self):
-            return n  # vLLM's "not now" answer, or the policy is off
+                    num_local_computed_tokens, num_tokens_main_model, apply_admission_cap=apply_admission_cap,
+                    prefill_end=prefill_end)
+        # Admission and in-flight reservations (the whole sequence) count vLLM's blocks only: the
+        # captures are a step's, counted by the step that takes them.
+        if apply_admission_cap or n > self.block_pool.num_gpu_blocks or not manager_active(self):
+            return n  # also vLLM's "not now" answer, or the policy off
         prev_len = len(self.req_to_blocks[request_id]) + len(new_computed_blocks)
-        return n + len(_extra_columns(self, request_id, prev_len, num_tokens_main_model))
+        extra = len(_extra_columns(self, request_id, prev_len, num_tokens_main_model))
+        self._ssm_counted = getattr(self, "_ssm_counted", 0) + extra
+        return n + extra
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
         blocks = allocate(self, request_id, num_tokens, num_tokens_main_model)
@@ -129,7 +123,7 @@ def patch_manager(MambaManager) -> None:
         result = mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, *args, **kwargs)
         if result is None or not _spec_active(kv_cache_spec):
             return result
-        interval = capture_interval(kv_cache_spec.block_size)
+        interval = settings.current.interval(kv_cache_spec.block_size)
         if interval:
             for i in range(start_block, end_block):
                 if ((i + 1) * kv_cache_spec.block_size) % interval == 0:
@@ -146,6 +140,32 @@ def patch_manager(MambaManager) -> None:
     MambaManager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
     MambaManager.allocate_new_blocks = allocate_new_blocks
     MambaManager.reachable_block_mask = classmethod(reachable_block_mask)
+
+
+def patch_kv_cache_manager(KVCacheManager) -> None:
+    """A step whose capture blocks do not fit runs without them, with vLLM's own blocks, rather
+    than wait for blocks that may never come free (a tight cache)."""
+    allocate_slots = KVCacheManager.allocate_slots
+
+    def allocate_slots_or_fewer_captures(self, request, *args, **kwargs):
+        managers = [m for m in self.coordinator.single_type_managers if hasattr(m, "_checkpoints")]
+        for m in managers:
+            m._ssm_counted = 0
+        blocks = allocate_slots(self, request, *args, **kwargs)
+        managers = [m for m in managers if m._ssm_counted]
+        if blocks is not None or not managers:
+            return blocks
+        # allocate_slots changed nothing that a second call does not redo the same way (it frees
+        # skipped blocks, idempotently, and records vLLM's checkpoint column), so ask again.
+        for m in managers:
+            m._ssm_suspended = True
+        try:
+            return allocate_slots(self, request, *args, **kwargs)
+        finally:
+            for m in managers:
+                m._ssm_suspended = False
+
+    KVCacheManager.allocate_slots = allocate_slots_or_fewer_captures
 
 
 # ---------------------------------------------------------------------------------------------

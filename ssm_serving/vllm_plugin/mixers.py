@@ -7,7 +7,7 @@ with every capture the step asks for (vLLM's prompt-tail checkpoint and the bloc
 captures.py) written in the same pass. Anything these do not cover (speculative decoding,
 ReplaySSM, the profile run) goes to vLLM's own method.
 
-Prefill scans run the engine's algorithm named by the env SSM_KERNELS_VLLM_PREFILL_ALGORITHM:
+Prefill scans run the engine's algorithm SSM_KERNELS_VLLM_PREFILL_ALGORITHM names (settings.py):
 "auto" (default: the chunked scan on CUDA from mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS tokens, modelled several
 times faster than the recurrent one at long passes; the recurrent scan on CPU, where PyTorch's
 chunked path measured slower at the plugin's shapes), "chunked" or "recurrent". The chunked
@@ -16,26 +16,20 @@ scan's grid sits at each request's computed-token count, with the model's chunk 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ssm_kernels import cache_ops
 from ssm_kernels.scan import mamba2_chunked
 
-from . import captures
+from . import captures, settings
 
 # vLLM's own methods, set by install() before these are bound.
 ORIGINAL: dict[str, object] = {}
-ENV_ALGORITHM = "SSM_KERNELS_VLLM_PREFILL_ALGORITHM"
 
 
 def prefill_algorithm() -> str:
-    """The prefill scans' algorithm: "auto" (default), "chunked" or "recurrent"."""
-    value = os.environ.get(ENV_ALGORITHM, "").strip() or "auto"
-    if value not in mamba2_chunked.ALGORITHMS:
-        raise ValueError(f"{ENV_ALGORITHM} must be one of {mamba2_chunked.ALGORITHMS}, got {value!r}")
-    return value
+    """The prefill scans' algorithm, as read at start-up."""
+    return settings.current.prefill_algorithm
 
 
 def _chunk_size(md):

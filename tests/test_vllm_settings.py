@@ -1,0 +1,42 @@
+"""The vLLM plugin's settings (ssm_serving.vllm_plugin.settings): read and checked at start-up;
+no vLLM needed (tests_vllm checks that an engine start applies them)."""
+from __future__ import annotations
+
+import pytest
+
+from ssm_serving.vllm_plugin import settings
+from ssm_serving.vllm_plugin.settings import ALGORITHM, ENABLE, INTERVAL, Settings
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, Settings(True, None, "auto")),
+    ({ENABLE: " 1 ", INTERVAL: "512", ALGORITHM: " chunked "}, Settings(True, 512, "chunked")),
+    ({ENABLE: "On", INTERVAL: "0", ALGORITHM: "recurrent"}, Settings(True, 0, "recurrent")),
+    ({INTERVAL: "", ALGORITHM: ""}, Settings(True, None, "auto")),
+    ({ENABLE: "0", INTERVAL: "oops", ALGORITHM: "ssd"}, Settings(enabled=False)),  # off: the rest unread
+    ({ENABLE: "false"}, Settings(enabled=False)),
+])
+def test_good_settings(env, expected):
+    assert settings.read(env) == expected
+
+
+@pytest.mark.parametrize("env, message", [
+    ({ENABLE: "of"}, f"{ENABLE} must be one of"),
+    ({INTERVAL: "64.0"}, f"{INTERVAL} must be an integer number of tokens, got '64.0'"),
+    ({INTERVAL: "-64"}, f"{INTERVAL} must be 0 or a positive multiple of the block size, got -64"),
+    ({ALGORITHM: "ssd"}, f"{ALGORITHM} must be one of ('recurrent', 'chunked', 'auto'), got 'ssd'"),
+])
+def test_bad_settings_name_the_variable(env, message):
+    with pytest.raises(ValueError) as err:
+        settings.read(env)
+    assert message in str(err.value)
+
+
+def test_interval_against_the_block_size():
+    settings.check_block_size(Settings(capture_interval=128), 64)
+    settings.check_block_size(Settings(capture_interval=0), 64)
+    settings.check_block_size(Settings(), 64)
+    with pytest.raises(ValueError, match=f"{INTERVAL} must be 0 or a positive multiple of the Mamba block size 64, "
+                                         "got 100"):
+        settings.check_block_size(Settings(capture_interval=100), 64)
+    assert Settings().interval(64) == 64 and Settings(capture_interval=0).interval(64) == 0

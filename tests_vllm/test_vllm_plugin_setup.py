@@ -1,0 +1,134 @@
+"""The plugin's start-up decisions, without serving: its settings, the model runner vLLM will use
+and the hooks only some vLLM releases have. Nothing here leaves vLLM patched in the test process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+import ssm_serving.vllm_plugin as plugin
+
+
+@pytest.fixture
+def fresh(monkeypatch, caplog):
+    """install() as on a fresh process; the plugin's warnings in caplog."""
+    monkeypatch.setitem(plugin._state, "installed", False)
+    plugin.logger.addHandler(caplog.handler)  # vLLM's logger tree may not propagate to the root
+    yield caplog
+    plugin.logger.removeHandler(caplog.handler)
+
+
+def _warnings(caplog, text):
+    return len({id(r) for r in caplog.records if text in r.getMessage()})
+
+
+@pytest.mark.parametrize("env, has_triton, v2", [
+    ("1", False, True), ("1", True, True), ("0", True, False), (None, True, True), (None, False, False)])
+def test_model_runner_v2_follows_vllms_rule(monkeypatch, env, has_triton, v2):
+    """VLLM_USE_V2_MODEL_RUNNER decides where set; else V2 is vLLM's default wherever it has Triton."""
+    import vllm.triton_utils
+
+    if env is None:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", env)
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", has_triton)
+    assert plugin.model_runner_v2() is v2
+
+
+def test_vllm_cpu_runs_the_v1_runner():
+    """Here (vLLM's CPU build, no Triton CPU backend) vLLM itself picks V1, as the plugin reads it."""
+    from vllm.triton_utils import HAS_TRITON
+
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ and not HAS_TRITON
+    assert plugin.model_runner_v2() is False
+
+
+@pytest.mark.parametrize("how", ["env", "default"])
+def test_plugin_stands_down_under_model_runner_v2(monkeypatch, fresh, how):
+    """V2 asked for, or vLLM's default with Triton present: one warning, nothing patched."""
+    import vllm.triton_utils
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    if how == "env":
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    else:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+        monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
+    before = MambaMixer2.conv_ssm_forward, MambaManager.allocate_new_blocks
+    assert plugin.install() is False
+    assert "Model Runner V2" in plugin.status()["reason"]
+    assert (MambaMixer2.conv_ssm_forward, MambaManager.allocate_new_blocks) == before
+    assert _warnings(fresh, "leaving vLLM's own Mamba kernels") == 1
+
+
+def test_engine_start_refuses_a_v2_config():
+    """A configuration vLLM turns to V2 although the environment said V1 (watermarking does):
+    a clear error at engine start, from the Mamba layers' kv-cache spec."""
+    with pytest.raises(ValueError, match="Model Runner V2.*SSM_KERNELS_VLLM=0"):
+        plugin.check_engine(SimpleNamespace(use_v2_model_runner=True), None)
+    plugin.check_engine(SimpleNamespace(use_v2_model_runner=False), None)
+
+
+@pytest.mark.parametrize("name, value", [("SSM_KERNELS_VLLM_PREFILL_ALGORITHM", "ssd"),
+                                         ("SSM_KERNELS_VLLM_CAPTURE_INTERVAL", "-64"),
+                                         ("SSM_KERNELS_VLLM", "maybe")])
+def test_a_bad_setting_fails_install(monkeypatch, fresh, name, value):
+    """The entry point vLLM calls before it builds an engine raises, naming the setting, and
+    patches nothing."""
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    before = MambaMixer2.conv_ssm_forward
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        plugin.install()
+    assert MambaMixer2.conv_ssm_forward is before and not plugin.status()["installed"]
+
+
+def test_engine_start_checks_the_capture_interval(monkeypatch):
+    """The block-size part, at the Mamba layers' kv-cache spec: prefix caching ("align") only."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from ssm_serving.vllm_plugin import settings
+
+    monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=100))
+    config = SimpleNamespace(use_v2_model_runner=False)
+    spec = dict(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,))
+    with pytest.raises(ValueError, match="SSM_KERNELS_VLLM_CAPTURE_INTERVAL must be 0 or a positive multiple of "
+                                         "the Mamba block size 64, got 100"):
+        plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="align"))
+    plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="none"))  # no captures without caching
+    monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=128))
+    plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="align"))
+
+
+_ALIGNMENT = """
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+import ssm_serving.vllm_plugin as plugin
+if not hasattr(MambaBase, "get_prefill_checkpoint_alignment"):  # vLLM 0.32: the 0.33 hook, as 0.33 has it
+    MambaBase.get_prefill_checkpoint_alignment = lambda self: None
+assert plugin.install(), plugin.status()
+layer = MambaMixer.__new__(MambaMixer)
+answers = []
+for lora in (False, True):
+    layer.__dict__["is_lora_enabled"] = lora
+    answers.append(layer.get_prefill_checkpoint_alignment())
+print(answers)
+"""
+
+
+def test_mamba1_answers_checkpoint_alignment_1():
+    """vLLM 0.33's MambaBase.get_prefill_checkpoint_alignment(): a Mamba-1 layer on the plugin's
+    kernels exports its checkpoint at any token (1), as its kv-cache spec says; with LoRA (vLLM's
+    own path) None."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSM_KERNELS_VLLM")}
+    out = subprocess.run([sys.executable, "-c", _ALIGNMENT], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1].replace("None", "null")) == [1, None]
