@@ -45,25 +45,29 @@ class Instr:
 
     @property
     def where(self) -> str:
-        """'file:line<caller file:line<...', the key bench.counts counts lines by (source_key)."""
+        """'file:line<caller file:line<...', the key triton_static.counts counts lines by (source_key)."""
         return "<".join(source_key(file, line) for file, line in self.chain)
 
 
 @lru_cache(maxsize=None)
 def _package_root(name: str) -> str | None:
-    """The folder holding importable top-level package `name`, or None."""
+    """The folder holding importable top-level package `name` (one with an __init__.py), or None.
+    A namespace package does not count: any folder on sys.path is one (the working folder's
+    `tools`, say), so which name a path starts from would depend on where Python runs."""
     import importlib.util
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
+    if spec is None or spec.origin in (None, "namespace"):
+        return None
+    locations = list(spec.submodule_search_locations or [])
     return os.path.dirname(locations[0]) if locations else None
 
 
 @lru_cache(maxsize=None)
 def package_path(path: str) -> str:
-    """A source file's path from its top-level package down ('ssm_kernels/scan/triton_kernel.py'),
+    """A source file's path from its top-level package down ('mypackage/ops/kernel.py'),
     the same whichever checkout or install it came from: a cubin from Triton's cache keeps the
     path of the checkout that first compiled it, which may be gone (the source, and so the lines,
     are the same: the cache key holds both). The first folder of the path that names a package
