@@ -31,13 +31,16 @@ For one kernel launch on an H200:
               sites: a branch that only some programs take, such as the chunked state
               kernel's capture programs, counts for those programs only).
     latency = waves x one program's dependent time: the straight-line code (the path most
-              programs take) and each loop iteration replayed in order for one warp (an
-              instruction issues one cycle after the previous one, or when its operands are
-              ready), times the loop's iterations per program. Other warps on the scheduler
-              hide this only through `issue`: the two are reported apart so that a reader
-              sees which one wins. A global load's latency is
-              the L2 hit's, plus the HBM miss's extra for the fraction of the kernel's requested
-              bytes that go to HBM (memory, above).
+              programs take) and each loop iteration replayed in order for one warp as the
+              hardware schedules it, by the bits ptxas encodes in each instruction
+              (sass.Control): an instruction issues its predecessor's stall count after it, or
+              later when it waits on a scoreboard barrier, which releases only when every
+              variable-latency result on it (loads, shuffles, MUFU) has landed; times the
+              loop's iterations per program. Other warps on the scheduler hide this only
+              through `issue`: the two are reported apart so that a reader sees which one
+              wins. A global load's latency is the L2 hit's (a fitted figure, LATENCY), plus
+              the HBM miss's extra for the fraction of the kernel's requested bytes that go to
+              HBM (memory, above).
 
 Waves = ceil(programs / (resident programs per SM x SMs)); resident programs per SM come from
 registers (allocated per warp in units of 256, registers per thread rounded up to 8), shared
@@ -79,16 +82,23 @@ SHARED_RESERVED_PER_BLOCK = 1024
 WARPS_PER_SM = 64
 BLOCKS_PER_SM = 32
 
-# Latencies in cycles (assumptions from public Hopper microbenchmarks, round numbers).
+# Latencies in cycles: assumptions from public Hopper microbenchmarks (round numbers), but for
+# a global load, fitted: 1100 cycles as a waiting warp sees a load that hits L2 (HBM misses 240
+# more), fitted to the H200 run at 1680d6f (bench/results/2026-11-30-gpu-2): its recurrent
+# Mamba-2 scan (4.52 ms at 8192 tokens, one warp per scheduler whose token loop waits on a load
+# every iteration) models 3.59 ms with it, and the chunked scans' ratio to mamba_ssm's match that
+# run's within 2% (bench/README.md, calibration). An idle L2 hit is ~260 cycles in public
+# pointer-chasing microbenchmarks: the fit holds whatever else such a wait includes.
 LATENCY = {
     "alu": 4,  # FFMA, FADD, IADD3, ... fixed-latency pipes
     "MUFU": 18,
     "SHFL": 24,
     "shared": 30,  # LDS, LDSM
-    "L2": 260,  # a global load that hits L2
-    "HBM": 500,  # a global load that misses L2
+    "L2": 1100,  # a global load that hits L2 (fitted, above)
+    "HBM": 1340,  # a global load that misses L2
     "BAR": 20,
     "MMA": 32,  # HMMA
+    "operand_read": 20,  # until a store or load has read its source registers (its read barrier)
 }
 PIPE_SLOTS = {"alu": 2, "MUFU": 8}  # issue slots per warp instruction beyond 1
 ALU_PIPE = {"IADD3", "LOP3", "SHF", "ISETP", "SEL", "FSEL", "FSETP", "FMNMX", "PRMT", "LEA", "PLOP3", "IMNMX",
@@ -203,7 +213,13 @@ def _registers(instr: Instr) -> tuple[list[str], list[str]]:
 
 def replay_cycles(instrs: list[Instr], iterations: int = 1, global_load: float = LATENCY["HBM"]) -> float:
     """Cycles one warp takes to issue `instrs` in order (module doc); with iterations > 1, the
-    steady-state cycles of one more iteration of a loop body."""
+    steady-state cycles of one more iteration of a loop body. With the instructions' scheduling
+    bits (sass.Control, as the hardware runs one warp): each issues `stall` cycles after the
+    previous one, or later when it waits on a scoreboard barrier, which releases when every
+    variable-latency result (or source read) on it has landed, so one late load holds up every
+    instruction waiting on its barrier. Without them, by register dependencies alone."""
+    if instrs and all(i.control is not None for i in instrs):
+        return _replay_scoreboards(instrs, iterations, global_load)
     ready: dict[str, float] = {}
     t = 0.0
     ends = []
@@ -213,6 +229,23 @@ def replay_cycles(instrs: list[Instr], iterations: int = 1, global_load: float =
             t = max([t + 1] + [ready.get(r, 0.0) for r in read])
             for r in written:
                 ready[r] = t + latency
+        ends.append(t)
+    return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
+
+
+def _replay_scoreboards(instrs: list[Instr], iterations: int, global_load: float) -> float:
+    released = [0.0] * 6  # when each barrier's pending results have all landed
+    t = 0.0  # the earliest cycle the next instruction may issue
+    ends = []
+    decoded = [(i.control, instruction_latency(i, global_load)) for i in instrs]
+    for _ in range(iterations):
+        for c, latency in decoded:
+            issue = max([t] + [released[b] for b in range(6) if c.wait >> b & 1])
+            if c.write < 6:
+                released[c.write] = max(released[c.write], issue + latency)
+            if c.read < 6:
+                released[c.read] = max(released[c.read], issue + LATENCY["operand_read"])
+            t = issue + max(c.stall, 1)
         ends.append(t)
     return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
 

@@ -72,3 +72,29 @@ def test_programs_share_a_line_only_from_the_storage_s_start():
         addresses = np.arange(base + 128 * y, base + 128 * y + 128, 4)
         counter.add_access("loaded", SimpleNamespace(data=addresses), SimpleNamespace(data=np.ones(32, bool)), 4)
     assert counter.reuse_stride("x") is None
+
+
+def test_scheduling_bits_decode_from_the_high_word():
+    from triton_static.sass import Control
+
+    assert Control.decode(0x000fe40000000f00) == Control(stall=2, write=7, read=7, wait=0)  # a MOV
+    assert Control.decode(0x020fe40000000f00) == Control(stall=2, write=7, read=7, wait=0b100000)  # waits on 5
+
+
+def test_a_warp_waits_on_a_barrier_until_every_result_on_it_has_landed():
+    """Two loads on barrier 0 (the second issued 2 cycles later), an ALU instruction, then one
+    that waits on barrier 0: it issues when the later load lands; stall counts space the rest."""
+    from triton_static.sass import Control
+
+    def instr(opcode, stall=1, write=7, read=7, wait=0):
+        return Instr(0, "", opcode, ["R1", "R2"], (), Control(stall, write, read, wait))
+
+    load = 500.0
+    body = [instr("LDG.E", write=0), instr("LDG.E", stall=2, write=0), instr("FADD"), instr("FADD", stall=4, wait=1),
+            instr("FADD")]
+    # issues: 0, 1, 3, then max(4, 1 + 500) = 501, then 505; one warp's time: to the last one's stall
+    assert model.replay_cycles(body, global_load=load) == 506
+    assert model.replay_cycles(body[2:], global_load=load) == 1 + 4 + 1  # nothing pending: stalls only
+    # a loop: the wait at the top of the next iteration is on the loads of this one
+    loop = [instr("FADD", wait=1), instr("LDG.E", write=0), instr("FADD", stall=6)]
+    assert model.replay_cycles(loop, iterations=3, global_load=load) == 1 + load
