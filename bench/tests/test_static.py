@@ -214,3 +214,45 @@ def test_the_mamba1_peer_by_the_same_rule():
     assert m["memory"]["hbm_bytes"] == pytest.approx(unique) and m["memory"]["bytes"] == pytest.approx(requested)
     assert m["terms_ms"]["memory"] == pytest.approx(max(unique / HBM, requested / L2) * 1e3)
     assert m["time_ms"] == max(m["terms_ms"].values())
+
+
+def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
+    """A GPU run's batch-1 passes against the report's calls (ours and the peer's), and against a
+    report of the measured commit's kernels where there is one: the errors and the ratio to the
+    peer, measured and modelled."""
+    from bench import static_calibration as sc
+
+    def row(impl, algorithm, gpu_ms, ms, **kw):
+        return dict(section="scan", status="ok", batch="1", model="Mamba-2 2.7B", kind="mamba2", seqlen=8192,
+                    impl=impl, algorithm=algorithm, gpu_ms=gpu_ms, ms=ms, **kw)
+
+    run = tmp_path / "2026-11-30-gpu"
+    run.mkdir()
+    (run / "scan.json").write_text(json.dumps({
+        "label": "GPU: NVIDIA H200", "env": {"reduced": False, "commit": "1680d6f6c374"}, "captures": [
+            dict(row("ssm_kernels", "chunked (chunk default)", 0.5, 0.6), section="captures", captures="8 grid")],
+        "scan": [row("ssm_kernels", "recurrent", 4.0, 4.1), row("ssm_kernels", "chunked (chunk default)", 0.3, 0.5),
+                 row("mamba_ssm", "chunked (SSD, chunk 256)", 0.4, 0.45), row("fla", "chunked (simple GLA)", 0.3, 0.3),
+                 dict(row("ssm_kernels", "recurrent", 9.0, 9.0), batch="varlen 16")]}))
+
+    def report(commit, recurrent, chunked, peer):
+        def call(workload, ms, peer_ms=None):
+            return {"workload": workload, "shape": "Mamba-2 2.7B", "size": 8192, "time_ms": ms, "commit": commit,
+                    "peer": {"available": peer_ms is not None, "time_ms": peer_ms}}
+        return {"calls": [call("mamba2_scan recurrent", recurrent), call("mamba2_scan chunked", chunked, peer),
+                          call("mamba2_scan chunked + 8 grid captures", chunked * 2, peer)]}
+
+    then = tmp_path / "2026-12-01-static-1680d6f"
+    then.mkdir()
+    (then / "static.json").write_text(json.dumps(report("1680d6f6c374aaaa", 3.0, 0.15, 0.2)))
+    rows = {(r["workload"], r["peer"]): r for r in sc.rows(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)}
+    assert set(rows) == {("mamba2_scan recurrent", False), ("mamba2_scan chunked", False),
+                         ("mamba2_scan chunked", True), ("mamba2_scan chunked + 8 grid captures", False)}
+    rec = rows["mamba2_scan recurrent", False]
+    assert (rec["kernel_ms"], rec["call_ms"], rec["commit"], rec["run"]) == (4.0, 4.1, "1680d6f", "2026-11-30-gpu")
+    assert rec["error"] == pytest.approx(2.0 / 4.0) and rec["error_then"] == pytest.approx(3.0 / 4.0)
+    assert rows["mamba2_scan chunked", True]["error"] == pytest.approx(0.2 / 0.4)
+    assert rows["mamba2_scan chunked + 8 grid captures", False]["error"] == pytest.approx(0.2 / 0.5)
+    (ratio,) = sc.ratios(list(rows.values()))
+    assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]  # measured, then, then / measured, report, report / measured
+    assert "measured at" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)
