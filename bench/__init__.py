@@ -6,7 +6,8 @@ Importing bench changes nothing. Whether Triton kernels run compiled or through 
 is fixed, per kernel, when the module defining it is imported (triton.jit reads TRITON_INTERPRET
 as it decorates), so each entry point chooses before it imports any kernel, with
 `use_triton_interpreter`: the measuring benchmarks choose the interpreter exactly when there is
-no CUDA, bench.static compiles (it never launches), bench.counts interprets.
+no CUDA, bench.static compiles (it never launches); its counts run in an interpreter subprocess
+(triton_static.counts).
 """
 from __future__ import annotations
 

@@ -5,12 +5,15 @@ its peer in mamba_ssm when that is installed:
 
 1. the call runs once on untouched CPU tensors with every kernel launch recorded instead of run,
    and each launch is compiled for sm_90a exactly as a real launch specialises it
-   (bench.launches); an autotuned kernel is compiled once per config;
-2. each binary is read back (bench.sass): registers, spills, shared memory, MMA form, SASS loops;
+   (triton_static.launches); an autotuned kernel is compiled once per config;
+2. each binary is read back (triton_static.sass): registers, spills, shared memory, MMA form,
+   SASS loops;
 3. the call's kernels are counted by the Triton interpreter on a sample of their programs at two
-   reduced sizes, extrapolated to the real size (bench.counts);
-4. each launch gets a modelled time (bench.model); an autotuned site takes its best modelled
-   config; the call's time is the sum over its launches.
+   reduced sizes, extrapolated to the real size (triton_static.counts);
+4. each launch gets a modelled time (triton_static.model); an autotuned site takes its best
+   modelled config; the call's time is the sum over its launches (triton_static.calls).
+
+This module is the client: the workloads are bench.static_workloads, the files bench.static_report.
 
 Results: bench/results/<date>-static/static.json (every figure) and static.md (a table per call),
 each labelled "static model, not measured"; a summary is printed last. See bench/README.md.
@@ -25,109 +28,23 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import linecache  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import triton  # noqa: E402
+from triton_static import counts as counting  # noqa: E402
+from triton_static.calls import gpu_model, model_call, model_version  # noqa: E402
+from triton_static.launches import TARGET, recording  # noqa: E402
+from triton_static.model import HBM_BYTES_PER_S  # noqa: E402
 
-from . import counts as counting  # noqa: E402
-from . import model, sass  # noqa: E402
-from .common import git_commit  # noqa: E402
-from .launches import TARGET, compile_launch, recording  # noqa: E402
+from .common import REPO_ROOT, git_commit  # noqa: E402
 from .static_report import LABEL, markdown, merge, rounded, summary_lines  # noqa: E402
-from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, WORKLOADS, count_sizes,  # noqa: E402
-                               mamba_ssm_ops, parse_layer, run_call, shape_record, shapes_for)
+from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, UNALIKE_AXES, WORKLOADS,  # noqa: E402
+                               count_sizes, mamba_ssm_ops, model_selective_scan_fn, parse_layer, run_call,
+                               shape_record, shapes_for, triton_path_on_cpu)
 from .workloads import decode_bytes, pass_bytes  # noqa: E402
-
-MAX_SHARED_PER_BLOCK = 227 * 1024  # larger configs fail to launch (an autotuner skips them)
-
-
-def hot_loop(entry_loops: list[model.LoopReport]) -> model.LoopReport | None:
-    """The loop with the most issue slots over the call (iterations x slots per iteration); a loop
-    that was not counted comes first, so that the report shows it."""
-    if not entry_loops:
-        return None
-    uncounted = [lp for lp in entry_loops if lp.iterations_per_program is None]
-    if uncounted:
-        return max(uncounted, key=lambda lp: lp.instructions)
-    return max(entry_loops, key=lambda lp: lp.iterations_per_program * lp.issue_slots_per_iteration)
-
-
-def enclosing_for(where: str) -> str | None:
-    """The nearest `for` statement above a source line ('package/file.py:line') and less
-    indented than it, as '`for ...` (file:line)', or None."""
-    path, line = sass.local_source(where)
-    text = linecache.getline(path, line)
-    indent = len(text) - len(text.lstrip())
-    for n in range(line, max(line - 200, 0), -1):
-        above = linecache.getline(path, n)
-        stripped = above.strip()
-        if stripped.startswith("for ") and (n == line or len(above) - len(above.lstrip()) < indent):
-            return f"`{stripped}` ({os.path.basename(path)}:{n})"
-        if stripped.startswith(("def ", "@triton.jit")):
-            return None
-    return None
-
-
-def describe_loop(loop: model.LoopReport | None, size: int, kind: str) -> str:
-    """What the hot loop iterates over: iterations per program (per token when that is the pass
-    length) and the `for` statement its most frequent source line sits in."""
-    if loop is None:
-        return "no loop"
-    n = loop.iterations_per_program
-    if n is None:
-        return f"NOT COUNTED (no source line of its SASS was counted): {', '.join(loop.lines[:2])}"
-    what = f"{n:.4g} iterations/program"
-    if kind == "prefill" and abs(n - size) <= 0.02 * size:
-        what += " (one per token)"
-    statement = next((s for s in map(enclosing_for, loop.lines) if s), None)
-    where = statement or ", ".join(os.path.basename(w) for w in loop.lines[:2])
-    return f"{what}: {where}"
-
-
-def storage_summary(storages: dict) -> dict:
-    """{storage: its bytes loaded, stored, atomic (those not 0) and its size}: where a launch's
-    re-reads come from."""
-    return {name: {k: v for k, v in s.items() if v} for name, s in sorted(storages.items())}
-
-
-def model_launches(launches, launch_counts, size: int, kind: str) -> list[dict]:
-    """One entry per launch: its code, its model, and whether it is its site's chosen config; a
-    config that is not chosen keeps its time and bound only (the JSON stays small)."""
-    entries = []
-    for launch, counted in zip(launches, launch_counts):
-        code = sass.read(compile_launch(launch))
-        fits = code.shared <= MAX_SHARED_PER_BLOCK
-        km = model.model_kernel(code, launch.grid, launch.num_warps, code.mma_form, counted)
-        loop = hot_loop(km.loops)
-        hot = next((lp for lp in code.loops if loop and lp.start == loop.start), None)
-        entries.append({
-            "kernel": launch.kernel, "label": launch.label(), "site": launch.site, "config": launch.config,
-            "n_configs": launch.n_configs, "fits": fits, "grid": list(launch.grid), "num_warps": launch.num_warps,
-            "num_stages": launch.num_stages, "registers": code.registers, "ptxas_registers": code.ptxas_registers,
-            "spill_bytes": max(code.spill_stores, code.spill_loads), "shared_bytes": code.shared,
-            "mma": code.mma_form, "constexprs": {k: repr(v) for k, v in launch.constexprs.items()},
-            "mix": sass.mix(code.instrs),
-            "hot_loop": None if loop is None else {
-                "instructions": loop.instructions, "iterations_per_program": loop.iterations_per_program,
-                "cycles_per_iteration": loop.cycles_per_iteration, "mix": sass.mix(hot.instrs),
-                "what": describe_loop(loop, size, kind)},
-            "storages": storage_summary(counted.get("storages", {})),
-            "model": {**km.record(), "loops": [{k: v for k, v in vars(lp).items() if k != "lines"}
-                                               for lp in km.loops]},
-        })
-    for site in {e["site"] for e in entries}:
-        group = [e for e in entries if e["site"] == site]
-        candidates = [e for e in group if e["fits"]] or group
-        best = min(candidates, key=lambda e: e["model"]["time_ms"])
-        for e in group:
-            e["chosen"] = e is best
-    brief = ("kernel", "label", "site", "config", "n_configs", "fits", "chosen", "num_warps", "num_stages")
-    return [e if e["chosen"] else {**{k: e[k] for k in brief},
-                                   "model": {k: e["model"][k] for k in ("time_ms", "bound")}} for e in entries]
 
 
 def must_move_bytes(workload, shape, size: int) -> int:
@@ -165,7 +82,7 @@ class Report:
 
     def record(self, workload: str, shape, size: int, peer: bool):
         launches = []
-        with recording(launches):
+        with triton_path_on_cpu(), recording(launches):
             run_call(workload, shape, size, peer=peer)
         return launches
 
@@ -185,7 +102,9 @@ class Report:
             else:
                 todo.append((key, request))
         if todo:
-            for (key, request), result in zip(todo, counting.count([r for _, r in todo])):
+            results = counting.count([r for _, r in todo], "bench.static_workloads:count_call", UNALIKE_AXES,
+                                     cwd=REPO_ROOT)
+            for (key, request), result in zip(todo, results):
                 self.count_cache[key] = result
                 if request["peer"]:
                     stored = peer_counts_file(request)
@@ -196,15 +115,8 @@ class Report:
         key = (w.name, shape.name, peer, tuple(count_sizes(w, peer)))
         launch_counts = counting.extrapolate(self.count_cache[key], size)
         launches = self.record(w.name, shape, size, peer)
-        seen = [(c["kernel"], c["config"]) for c in launch_counts]
-        recorded = [(launch.kernel, launch.config) for launch in launches]
-        if seen != recorded:
-            raise RuntimeError(f"{w.name} at {shape.name}: the counted launches {seen} differ from the "
-                               f"recorded ones {recorded}")
-        entries = model_launches(launches, launch_counts, size, w.kind)
-        chosen = [e for e in entries if e["chosen"]]
-        return {"kernels": entries, "time_ms": sum(e["model"]["time_ms"] for e in chosen),
-                "kernels_launched": len(chosen)}
+        return model_call(launches, launch_counts, size, per_token=w.kind == "prefill",
+                          what=f"{w.name} at {shape.name}")
 
 
 def matches(name: str, filters, names) -> bool:
@@ -240,7 +152,7 @@ def peer_result(report: Report, w, shape, size: int, peer_calls: dict) -> dict:
     if w.peer is None:
         return {"available": False, "reason": "no peer modelled for this call"}
     if w.peer == "selective_scan_fn":
-        m = model.model_selective_scan_fn(size, shape.dim, shape.dstate, shape.ngroups)
+        m = model_selective_scan_fn(size, shape.dim, shape.dstate, shape.ngroups)
         return {"available": True, "name": "mamba_ssm selective_scan_fn", **m}
     if report.peer_ops is None:
         return {"available": False, "reason": f"mamba_ssm: {report.peer_how}"}
@@ -250,14 +162,6 @@ def peer_result(report: Report, w, shape, size: int, peer_calls: dict) -> dict:
     result = peer_calls[ref]
     return {"available": True, "name": f"mamba_ssm {w.peer}", "how": report.peer_how, "ref": ref,
             "time_ms": result["time_ms"], "kernels_launched": result["kernels_launched"]}
-
-
-def model_version() -> str:
-    """A digest of the code that turns kernels into modelled times (counts, SASS reading, model):
-    figures of two runs are comparable only when it is the same."""
-    here = Path(__file__).resolve().parent
-    text = "".join((here / name).read_text() for name in ("counts.py", "sass.py", "model.py"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def run(args) -> dict:
@@ -278,7 +182,7 @@ def run(args) -> dict:
         calls.append({
             "workload": w.name, "doc": w.doc, "kind": w.kind, "shape": shape.name, "shape_dims": shape.describe(),
             "size": size, "size_unit": "tokens" if w.kind == "prefill" else "batch", "must_move_bytes": must,
-            "roofline_ms": must / model.HBM_BYTES_PER_S * 1e3, **ours, "peer": peer,
+            "roofline_ms": must / HBM_BYTES_PER_S * 1e3, **ours, "peer": peer,
             "ratio_to_peer": ours["time_ms"] / peer["time_ms"] if peer.get("available") else None,
             "commit": commit.get("commit"), "dirty": commit.get("dirty"),
         })
@@ -286,10 +190,7 @@ def run(args) -> dict:
     return {
         "label": LABEL, "date": datetime.date.today().isoformat(), "commit": commit,
         "model_version": model_version(), "triton": triton.__version__, "target": f"{TARGET.backend} sm_{TARGET.arch}a",
-        "gpu_model": {"sms": model.SMS, "schedulers_per_sm": model.SCHEDULERS_PER_SM, "clock_hz": model.CLOCK_HZ,
-                      "hbm_bytes_per_s": model.HBM_BYTES_PER_S, "l2_bytes_per_s": model.L2_BYTES_PER_S,
-                      "l2_reuse_bytes": model.L2_REUSE_BYTES, "tensor_flops": model.TENSOR_FLOPS,
-                      "latency_cycles": model.LATENCY, "pipe_slots": model.PIPE_SLOTS},
+        "gpu_model": gpu_model(),
         "peers": {"mamba_ssm": report.peer_how}, "seconds": round(time.time() - started, 1),
         "argv": sys.argv[1:], "calls": calls, "peer_calls": peer_calls,
     }

@@ -1,7 +1,9 @@
 """The static report's files: the Markdown, the printed summary and the README block (from the JSON
 bench.static writes), merging a partial run into a report, and the JSON's rounding.
 
-    python -m bench.static_report DIR --readme   # the README's table of modelled times, from DIR/static.json
+    python -m bench.static_report DIR --readme        # the README's table of modelled times, from DIR/static.json
+    python -m bench.static_report DIR --calibration   # the model against the GPU runs (bench.static_calibration)
+    python -m bench.static_report DIR --write-md      # static.md again from static.json
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import static_calibration
 from .common import fmt, markdown_table, text_table
 
 LABEL = "static model, not measured"
@@ -88,6 +91,7 @@ def markdown(data: dict) -> str:
              "modelled config). mamba_ssm's selective_scan_fn is modelled from its algorithm with the same memory "
              "rule.", ""]
     lines += ["## Summary", "", "```", *summary_lines(data), "```", ""]
+    lines += ["## Calibration: the model against the GPU runs", "", static_calibration.table(data), ""]
     for c in data["calls"]:
         lines += [f"## {call_title(c)}", "", f"{c['doc']}; {c['shape_dims']}. Modelled {fmt(c['time_ms'])} ms over "
                   f"{c['kernels_launched']} launches; must-move roofline {fmt(c['roofline_ms'])} ms "
@@ -178,9 +182,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.static_report", description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path, help="a results folder of python -m bench.static")
     parser.add_argument("--readme", action="store_true", help="print the README's table (else the summary)")
+    parser.add_argument("--calibration", action="store_true",
+                        help="print the model against every GPU-measured call (else the summary)")
+    parser.add_argument("--write-md", action="store_true",
+                        help="rewrite DIR/static.md from DIR/static.json (after a GPU run or a report of a measured "
+                             "commit was added: its calibration)")
     args = parser.parse_args(argv)
     data = json.loads((args.dir / "static.json").read_text())
-    print(readme_block(data) if args.readme else "\n".join(summary_lines(data)))
+    if args.write_md:
+        (args.dir / "static.md").write_text(markdown(data))
+        print(f"(written to {args.dir}/static.md)")
+    elif args.calibration:
+        print(static_calibration.table(data))
+    else:
+        print(readme_block(data) if args.readme else "\n".join(summary_lines(data)))
     return 0
 
 

@@ -16,10 +16,13 @@ planner on the chunk grid puts a chunked pass's snapshots.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from triton_static.model import CLOCK_HZ, SMS, TENSOR_FLOPS, traffic
 
 from .workloads import STANDARD_SHAPES, Mamba1Shape, Mamba2Shape
 
@@ -168,8 +171,8 @@ WORKLOADS = {w.name: w for w in (
 
 
 # ---------------------------------------------------------------------------------------------
-# Peers: mamba_ssm's Triton ops (selective_scan_fn needs its CUDA extension: bench.static models
-# it analytically instead).
+# Peers: mamba_ssm's Triton ops, and selective_scan_fn (CUDA: its extension is not built here, so
+# it is modelled from its algorithm, by the memory rule every kernel gets).
 # ---------------------------------------------------------------------------------------------
 def _peer_scan(ops):
     def run(shape, tokens, new):
@@ -192,6 +195,63 @@ def _peer_state_update(ops):
 
 
 PEER_RUNNERS = {"mamba_chunk_scan_combined": _peer_scan, "selective_state_update": _peer_state_update}
+
+
+SELECTIVE_SCAN_CHUNK = 2048  # tokens per block iteration: 128 threads x 16 items (sequences over 1024 tokens)
+
+
+def selective_scan_fn_storages(tokens: int, dim: int, dstate: int, ngroups: int = 1, elt: int = 2,
+                               has_z: bool = True) -> dict[str, dict[str, float]]:
+    """Bytes per storage that mamba_ssm's selective_scan_fn forward kernel asks for (its CUDA
+    source, csrc/selective_scan/selective_scan_fwd_kernel.cuh), in triton_static.counts' terms: one block
+    per (sequence, channel) walks the tokens in chunks of SELECTIVE_SCAN_CHUNK; per chunk it loads
+    its channel's u and delta, then for every state index A and its group's B and C over the
+    chunk (so every channel's block reads all of B and C: dim / ngroups re-reads of each), and
+    stores out, then out_z = out * silu(z) after loading z, and the chunk's running prefix per
+    state (float2) into x. u, delta, z, B, C, out, out_z in the input dtype (elt bytes). The grid
+    is (sequences, channels): neighbouring blocks share B and C (reuse stride 1); A is re-read
+    inside a block."""
+    chunks = -(-tokens // SELECTIVE_SCAN_CHUNK)
+    row = tokens * elt
+
+    def storage(size, loaded=0.0, stored=0.0, shared=False):
+        return {"loaded": float(loaded), "stored": float(stored), "atomic": 0.0, "size": float(size),
+                **({"reuse_stride": 1.0} if shared else {})}
+
+    out = {"u": storage(dim * row, loaded=dim * row), "delta": storage(dim * row, loaded=dim * row),
+           "A": storage(dim * dstate * 4, loaded=dim * dstate * 4 * chunks),
+           "B": storage(ngroups * dstate * row, loaded=dim * dstate * row, shared=True),
+           "C": storage(ngroups * dstate * row, loaded=dim * dstate * row, shared=True),
+           "D": storage(dim * 4, loaded=dim * 4), "delta_bias": storage(dim * 4, loaded=dim * 4),
+           "out": storage(dim * row, stored=dim * row), "x": storage(dim * chunks * dstate * 8,
+                                                                   stored=dim * chunks * dstate * 8)}
+    if has_z:
+        out |= {"z": storage(dim * row, loaded=dim * row), "out_z": storage(dim * row, stored=dim * row)}
+    return out
+
+
+def model_selective_scan_fn(tokens: int, dim: int, dstate: int, ngroups: int = 1, elt: int = 2,
+                            has_z: bool = True) -> dict:
+    """mamba_ssm's selective_scan_fn (CUDA, Mamba-1) from its algorithm, since its extension is
+    not built here: memory by the rule every kernel gets (`traffic`) over the bytes its kernel
+    asks for (selective_scan_fn_storages); one exp per state element and token (exp(delta * A):
+    tokens x dim x dstate on the MUFU pipe, 16 per SM per cycle); time scanned in parallel (a
+    block-wide scan per chunk, chained through the chunk's running state), so no per-token
+    latency chain: about 6 fp32 FLOPs per state element and token (decay, input term, the scan's
+    combine twice, the readout) on the FMA pipe."""
+    elements = tokens * dim * dstate
+    memory = traffic(selective_scan_fn_storages(tokens, dim, dstate, ngroups, elt, has_z), dim)
+    terms = {
+        "memory": memory.memory_ms,
+        "mufu": elements / (SMS * 16 * CLOCK_HZ) * 1e3,
+        "fp32": 6 * elements / TENSOR_FLOPS["none"] * 1e3,
+    }
+    bound = max(terms, key=terms.get)
+    return {"terms_ms": terms, "time_ms": terms[bound], "bound": bound,
+            "memory": {"bytes": memory.requested, "unique_bytes": memory.unique, "hbm_bytes": memory.hbm,
+                       "reread_far_bytes": memory.reread_far, "l2_hit": memory.l2_hit,
+                       "hbm_ms": memory.hbm_ms, "l2_ms": memory.l2_ms},
+            "how": "modelled from its algorithm (no compiled kernel: its CUDA extension is not built)"}
 
 
 def mamba_ssm_ops() -> tuple[dict | None, str]:
@@ -258,3 +318,27 @@ def count_sizes(workload: Workload, peer: bool = False) -> list[int]:
     return list(CHUNKED_COUNT_TOKENS) if workload.chunked or peer else [64, 128]
 
 
+# Grid axes along which a kernel's programs are not alike, so that the two ends cannot stand for
+# the rest (triton_static.counts samples them in full). Along axis 0 of the chunked scan's state
+# kernel, the rows past the chunks are the inner captures' (a partial each, of a part of a chunk).
+UNALIKE_AXES = {"_chunk_state_kernel": (0,)}
+
+
+@contextlib.contextmanager
+def triton_path_on_cpu():
+    """The public functions take CPU tensors with backend="triton" (their kernels are recorded or
+    counted, never launched on a GPU)."""
+    from ssm_kernels import _triton
+    saved = _triton.RUNS_ON_CPU
+    _triton.RUNS_ON_CPU = True
+    try:
+        yield
+    finally:
+        _triton.RUNS_ON_CPU = saved
+
+
+def count_call(request: dict, size: int) -> None:
+    """triton_static.counts' runner: one workload call (request: {workload, shape (a shape record),
+    peer}) at `size`, on zeros (whose values stay finite through the interpreter)."""
+    with triton_path_on_cpu():
+        run_call(request["workload"], shape_from_record(request["shape"]), size, peer=request["peer"], fill="zeros")

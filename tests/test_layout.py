@@ -1,5 +1,9 @@
-"""Dependencies go one way: ssm_kernels and planner know nothing of each other, ssm_serving sits
-above both, planner imports no torch, and no two subpackages import each other."""
+"""Dependencies go one way, folder by folder: ssm_kernels and planner know nothing of each other,
+ssm_serving sits above both, planner imports no torch, and no two subpackages import each other;
+bench uses the product and the static tool (triton_static, in tools/); the tool knows nothing of
+the product or of bench; the product's tests, examples and vLLM tests import the product (the vLLM
+tests also bench's vLLM harness), never the tool. Every top-level folder of Python files is
+listed here, so that a new one states what it may import."""
 from __future__ import annotations
 
 import ast
@@ -9,16 +13,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ssm_kernels", "planner", "ssm_serving")
-# What each package may import of the others (and of torch).
+PRODUCT = {"ssm_kernels", "planner", "ssm_serving", "torch"}
+# What the files of each top-level folder may import of the first-party names (and of torch).
 ALLOWED = {
     "ssm_kernels": {"ssm_kernels", "torch"},
     "planner": {"planner"},
     "ssm_serving": {"ssm_kernels", "planner", "ssm_serving", "torch"},
+    "bench": PRODUCT | {"bench", "triton_static"},
+    "tools": {"triton_static", "torch"},
+    "tests": PRODUCT,
+    "tests_vllm": PRODUCT | {"bench"},
+    "examples": PRODUCT,
 }
+WATCHED = set().union(*ALLOWED.values()) | set(ALLOWED)
+# Where a folder's modules are importable from: tools/triton_static installs as triton_static.
+IMPORT_ROOT = {"tools": ROOT / "tools"}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = path.relative_to(IMPORT_ROOT.get(path.relative_to(ROOT).parts[0], ROOT)).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -41,25 +54,30 @@ def imports(path: Path) -> set[str]:
     return names
 
 
-def sources(package: str):
-    return sorted((ROOT / package).rglob("*.py"))
+def sources(folder: str):
+    return sorted((ROOT / folder).rglob("*.py"))
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_package_imports_only_what_sits_below_it(package):
-    watched = set(PACKAGES) | {"torch"}
-    for path in sources(package):
+def test_every_top_level_folder_of_python_files_is_listed():
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+               and p.name not in ("build", "dist") and not p.name.endswith(".egg-info") and any(p.rglob("*.py"))}
+    assert folders == set(ALLOWED), f"folders without a rule: {folders - set(ALLOWED)}"
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_folder_imports_only_what_it_may(folder):
+    for path in sources(folder):
         for name in imports(path):
             top = name.split(".")[0]
-            if top in watched:
-                assert top in ALLOWED[package], f"{path.relative_to(ROOT)} imports {name}"
+            if top in WATCHED:
+                assert top in ALLOWED[folder], f"{path.relative_to(ROOT)} imports {name}"
 
 
 def test_no_two_subpackages_import_each_other():
     """Between sibling subpackages of one package (e.g. ssm_kernels.scan and ssm_kernels.conv),
     imports go one way."""
     edges = set()
-    for package in PACKAGES:
+    for package in (*PACKAGES, "tools"):
         for path in sources(package):
             here = module_name(path).split(".")
             for name in imports(path):

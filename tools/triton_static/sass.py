@@ -27,6 +27,27 @@ from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
 from .launches import TARGET
 
 
+@dataclass(frozen=True)
+class Control:
+    """The scheduling bits ptxas encodes in each instruction (the top 23 bits of its 128-bit
+    word, sm_70 on): cycles to wait before the warp's next instruction issues (`stall`), the
+    scoreboard barrier (0-5) the instruction's result releases when it is written (`write`) or
+    its source registers when they have been read (`read`; 7: none), and the barriers it waits on
+    before it issues (`wait`, a 6-bit mask). Variable-latency results (global and shared memory,
+    MUFU, shuffles) are waited for only through these barriers; fixed-latency ones through
+    `stall`."""
+
+    stall: int
+    write: int
+    read: int
+    wait: int
+
+    @classmethod
+    def decode(cls, high: int) -> "Control":
+        bits = high >> 41
+        return cls(stall=bits & 0xF, write=(bits >> 5) & 7, read=(bits >> 8) & 7, wait=(bits >> 11) & 0x3F)
+
+
 @dataclass
 class Instr:
     address: int
@@ -34,6 +55,7 @@ class Instr:
     opcode: str  # with modifiers, e.g. LDG.E.128
     operands: list[str]
     chain: tuple[tuple[str, int], ...]  # source (file, line), then each inlined call's call site
+    control: Control | None = None  # None where the encoding was not read
 
     @property
     def base(self) -> str:
@@ -45,25 +67,29 @@ class Instr:
 
     @property
     def where(self) -> str:
-        """'file:line<caller file:line<...', the key bench.counts counts lines by (source_key)."""
+        """'file:line<caller file:line<...', the key triton_static.counts counts lines by (source_key)."""
         return "<".join(source_key(file, line) for file, line in self.chain)
 
 
 @lru_cache(maxsize=None)
 def _package_root(name: str) -> str | None:
-    """The folder holding importable top-level package `name`, or None."""
+    """The folder holding importable top-level package `name` (one with an __init__.py), or None.
+    A namespace package does not count: any folder on sys.path is one (the working folder's
+    `tools`, say), so which name a path starts from would depend on where Python runs."""
     import importlib.util
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
+    if spec is None or spec.origin in (None, "namespace"):
+        return None
+    locations = list(spec.submodule_search_locations or [])
     return os.path.dirname(locations[0]) if locations else None
 
 
 @lru_cache(maxsize=None)
 def package_path(path: str) -> str:
-    """A source file's path from its top-level package down ('ssm_kernels/scan/triton_kernel.py'),
+    """A source file's path from its top-level package down ('mypackage/ops/kernel.py'),
     the same whichever checkout or install it came from: a cubin from Triton's cache keeps the
     path of the checkout that first compiled it, which may be gone (the source, and so the lines,
     are the same: the cache key holds both). The first folder of the path that names a package
@@ -186,13 +212,15 @@ _LINE = re.compile(r'//## File "(?P<file>[^"]+)", line (?P<line>\d+)'
 _INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)\s*(?P<rest>[^;]*);")
 _LABEL = re.compile(r"^(?P<label>\.L_x_\d+):")
 _TARGET = re.compile(r"`\((?P<label>\.L_x_\d+)\)")
+_HIGH_WORD = re.compile(r"^/\* (?P<word>0x[0-9a-f]{16}) \*/$")  # an instruction's second line under -hex
 
 
 def disassemble(cubin: bytes) -> tuple[list[Instr], dict[str, int]]:
-    """(instructions, {label: address}) of the cubin's one kernel, from `nvdisasm -c -gi`: each
-    instruction with its source line and the chain of call sites it was inlined at (nvdisasm
-    prints the chain innermost first, one `//##` line per level, before the instruction)."""
-    text = _run([_tool("nvdisasm"), "-c", "-gi"], cubin, ".cubin")
+    """(instructions, {label: address}) of the cubin's one kernel, from `nvdisasm -c -gi -hex`:
+    each instruction with its source line, the chain of call sites it was inlined at (nvdisasm
+    prints the chain innermost first, one `//##` line per level, before the instruction) and its
+    scheduling bits (Control, from the high word of its encoding, printed on the next line)."""
+    text = _run([_tool("nvdisasm"), "-c", "-gi", "-hex"], cubin, ".cubin")
     instrs, labels, pending, chain, in_chain = [], [], [], (), False
     for raw in text.splitlines():
         line = raw.strip()
@@ -204,7 +232,9 @@ def disassemble(cubin: bytes) -> tuple[list[Instr], dict[str, int]]:
             in_chain = True
             continue
         in_chain = False
-        if m := _LABEL.match(line):
+        if (m := _HIGH_WORD.match(line)) and instrs and instrs[-1].control is None:
+            instrs[-1].control = Control.decode(int(m["word"], 16))
+        elif m := _LABEL.match(line):
             pending.append(m["label"])
         elif m := _INSTR.search(line):
             address = int(m["addr"], 16)

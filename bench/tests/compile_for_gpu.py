@@ -4,19 +4,19 @@ on a machine without one, exactly as each launch would specialise it.
 The interpreter runs the kernels' semantics on CPU but never compiles them; this script does
 the opposite: each `kernel[grid](...)` is recorded instead of launched and compiled through
 Triton's real pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin) for the H100/H200 target, bound by
-Triton's own runtime binder (bench.launches: 16-byte alignment and divisibility attributes,
+Triton's own runtime binder (triton_static.launches: 16-byte alignment and divisibility attributes,
 stride-1 arguments as constants, as a real launch), so type errors, unsupported constructs and
 register-tile mistakes show up without a GPU, on the binaries a GPU would run. Outputs stay
 unwritten.
 
 Each variant's registers and spills are read from `ptxas -v` (the ptxas and flags Triton uses;
-bench.sass), and its registers also from the cubin. A variant that spills more than
+triton_static.sass), and its registers also from the cubin. A variant that spills more than
 SPILL_LIMIT_BYTES per thread to local memory fails the run: a few bytes are register-allocation
 noise, while a tile that does not fit in registers spills hundreds to thousands (64 x 64 conv
 tiles spilled 3 KB, fp32 64 x 64 x 128 chunk-output tiles 11 KB).
 
-Run with TRITON_INTERPRET unset, from anywhere: python tests/compile_for_gpu.py  (prints one
-line per kernel variant; exit 1 on any spill).
+Run with TRITON_INTERPRET unset, from the repository root: python -m bench.tests.compile_for_gpu
+(prints one line per kernel variant; exit 1 on any spill).
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ import sys
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("compile_for_gpu.py needs TRITON_INTERPRET unset: it compiles the kernels, not interprets them")
 os.environ["TRITON_INTERPRET"] = "0"  # compile: a kernel is compiled or interpreted as it is defined
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, this checkout's kernels
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from triton_static import sass  # noqa: E402
+from triton_static.launches import TARGET, compile_launch, recording  # noqa: E402
 
-from bench import sass  # noqa: E402
-from bench.launches import TARGET, compile_launch, recording  # noqa: E402
+from bench.static_workloads import triton_path_on_cpu  # noqa: E402
 
 SPILL_LIMIT_BYTES = 64
 
@@ -83,7 +83,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     launches = []
-    with recording(launches):
+    with triton_path_on_cpu(), recording(launches):
         representative_calls()
     spills, mismatched, seen = [], [], set()
     for launch in launches:

@@ -10,22 +10,16 @@
   writing the captured states, add at most 5% to the work of an 8192-token pass (the counted
   pass scaled linearly in tokens, as every kernel's work is).
 
-Counted by bench.counts (the static report's counter) over every program of every launch.
+Counted by triton_static.counts (the static report's counter) over every program of every launch.
 """
-import sys
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-import torch
+from triton_static.counts import counting, total
 
-from helpers import mamba2_inputs, mamba2_positional
+from bench.workloads import Mamba2Shape, mamba2_inputs, pass_bytes
 from ssm_kernels import mamba2_scan
 from ssm_kernels._triton import RUNS_ON_CPU
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ runs from the repository root
-from bench.counts import counting, total  # noqa: E402
-from bench.workloads import Mamba2Shape, pass_bytes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not RUNS_ON_CPU, reason="counts through the Triton interpreter")
 
@@ -42,10 +36,9 @@ def useful_flops(shape, tokens, chunk):
 
 @pytest.fixture(scope="module")
 def counted():
-    torch.manual_seed(0)
-    args, kw = mamba2_positional(mamba2_inputs(1, TOKENS, SHAPE.nheads, SHAPE.headdim, SHAPE.ngroups, SHAPE.dstate,
-                                               dtype=torch.bfloat16))
-    kw = dict(D=kw["D"], dt_bias=kw["dt_bias"], dt_softplus=True)  # as a Mamba-2 layer calls it
+    i = mamba2_inputs(SHAPE, TOKENS, "cpu")  # bfloat16
+    args = tuple(i[k] for k in ("x", "dt", "A", "B", "C"))
+    kw = dict(D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True)  # as a Mamba-2 layer calls it
     runs = {}
     for name, capture in (("bare", None), ("captures", [(0, k) for k in (1, 50, 100, 255, 256, 300, 411, 511)])):
         with counting(sample=False, lines=False) as launches:

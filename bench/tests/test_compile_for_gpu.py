@@ -5,18 +5,17 @@ The interpreter tests check what the kernels compute; this checks that Triton's 
 (down to a cubin, through ptxas) accepts them, which the interpreter never exercises, and that
 no variant spills (see compile_for_gpu.py)."""
 import os
-import pathlib
 import subprocess
 import sys
 
-SCRIPT = pathlib.Path(__file__).with_name("compile_for_gpu.py")
+from bench.common import REPO_ROOT
 
 
 def test_every_kernel_variant_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # the default today, stated so newer Triton does not warn
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parent.parent), env.get("PYTHONPATH", "")])  # this checkout's package
-    run = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-m", "bench.tests.compile_for_gpu"], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     lines = run.stdout.strip().splitlines()
     assert lines[-1].split()[1:4] == ["kernel", "variants", "compiled"], lines[-1]

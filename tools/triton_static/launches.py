@@ -13,10 +13,12 @@ the call's outputs stay unwritten.
 
 An `@triton.autotune` kernel is recorded once per config (each a separate `Launch` sharing one
 `site`), so a model can pick among them; `@triton.heuristics` needs nothing special (it calls the
-wrapped kernel's `run`). While recording, `torch.cuda.device(...)` is a no-op, since peers wrap
-their launches in it and CPU torch cannot enter it.
+wrapped kernel's `run`). While recording, `torch.cuda.device(...)` is a no-op, since libraries
+wrap their launches in it and CPU torch cannot enter it. A library whose public functions refuse
+CPU tensors for their Triton path needs the caller to lift that around the call (the kernels are
+never launched).
 
-The same interception serves the counting run (bench.counts), which runs under the Triton
+The same interception serves the counting run (triton_static.counts), which runs under the Triton
 interpreter: there `InterpretedFunction.run` is the one replaced, by a handler of the caller's.
 """
 from __future__ import annotations
@@ -170,14 +172,10 @@ def _autotune_every_config(sites: _Sites):
         yield
 
 
-@contextlib.contextmanager
-def _cpu_tensors_for_triton():
-    """Let the public functions pass CPU tensors to backend="triton" (nothing is launched), and
-    make torch.cuda.device a no-op (peers enter it around their launches)."""
-    from ssm_kernels import _triton
-    with _patched(_triton, "RUNS_ON_CPU", True), \
-            _patched(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext()):
-        yield
+def _no_cuda_device():
+    """torch.cuda.device as a no-op: libraries enter it around their launches, and CPU torch
+    cannot (nothing is launched)."""
+    return _patched(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
 
 
 @contextlib.contextmanager
@@ -198,7 +196,7 @@ def recording(launches: list[Launch]):
             source=ASTSource(self, signature, constexprs, attrs)))
         return None
 
-    with _patched(JITFunction, "run", run), _autotune_every_config(sites), _cpu_tensors_for_triton():
+    with _patched(JITFunction, "run", run), _autotune_every_config(sites), _no_cuda_device():
         yield
 
 
@@ -215,5 +213,5 @@ def intercepting_interpreted(handler: Callable):
         site, config, n_configs = sites.next_site()
         return handler(self, args, kwargs, grid, site, config, n_configs)
 
-    with _patched(InterpretedFunction, "run", run), _autotune_every_config(sites), _cpu_tensors_for_triton():
+    with _patched(InterpretedFunction, "run", run), _autotune_every_config(sites), _no_cuda_device():
         yield

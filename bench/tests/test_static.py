@@ -1,23 +1,22 @@
 """The static cost report (python -m bench.static) at a tiny layer: it runs end to end, lists every
 kernel the calls launch, reports what ptxas reports, finds the loops, and its counts and model
-(the two-level memory term included) agree with figures computed here by hand."""
+(the two-level memory term included) agree with figures computed here by hand. The model's own
+rules are tested on their own in tools/triton_static/tests."""
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # bench/ runs from the repository root
-from bench import model  # noqa: E402
-from bench.workloads import Mamba2Shape, decode_bytes  # noqa: E402
+from bench.common import REPO_ROOT as ROOT
+from bench.static_workloads import model_selective_scan_fn
+from bench.workloads import Mamba2Shape, decode_bytes
 
 H, P, N, G = 4, 16, 32, 1  # every tile dimension a power of two >= 16: no padded block
 E = 2  # bytes per bfloat16 input element
-HBM, L2 = 4.3e12, 10e12  # bytes per second the model assumes (bench/model.py)
+HBM, L2 = 4.3e12, 10e12  # bytes per second the model assumes (triton_static/model.py)
 TOKENS, BATCH = 3072, 8  # chunked calls are counted at 2048 and 4096 tokens, the others at 64 and 128
 LAYER = f"mamba2:nheads={H},headdim={P},dstate={N},ngroups={G}"
 WORKLOADS = ("mamba2_scan recurrent", "mamba2_scan chunked + 8 captures", "selective_state_update")
@@ -201,21 +200,6 @@ def test_memory_of_the_recurrent_scan_by_hand(report):
     assert m["bytes"] - m["hbm_bytes"] == pytest.approx(2 * (m["programs"] - 1) * size + again, rel=1e-4)
 
 
-def test_re_reads_far_apart_in_launch_order_go_to_hbm_in_proportion():
-    """100 programs move 100 MB once (1 MB each): "far" is re-read 3 more times by programs 80
-    apart (80 MB enter L2 between reuses: half of its 40 MB stays), "near" by programs 10 apart
-    (10 MB: all hit), "inside" within a program."""
-    mb = 1e6
-    storages = {"far": {"loaded": 4 * 60 * mb, "size": 60 * mb, "reuse_stride": 80},
-                "near": {"loaded": 2 * 20 * mb, "size": 20 * mb, "reuse_stride": 10},
-                "inside": {"loaded": 3 * 10 * mb, "stored": 10 * mb, "size": 10 * mb}}
-    t = model.traffic(storages, programs=100)
-    assert (t.requested, t.unique, t.reread_far) == (320 * mb, 100 * mb, 180 * mb)
-    assert t.hbm == pytest.approx(100 * mb + 180 * mb / 2)
-    assert t.l2_hit == pytest.approx(1 - 90 / 220)
-    assert t.memory_ms == pytest.approx(max(190 * mb / HBM, 320 * mb / L2) * 1e3)
-
-
 def test_the_mamba1_peer_by_the_same_rule():
     """mamba_ssm's selective_scan_fn, modelled from its algorithm at Mamba-1 2.8B (dim 5120, dstate
     16) and 8192 tokens: every channel's block reads B and C whole (from L2); HBM moves u, delta, z,
@@ -226,64 +210,49 @@ def test_the_mamba1_peer_by_the_same_rule():
     row = t * E
     unique = 3 * dim * row + 2 * n * row + dim * n * 4 + 2 * dim * 4 + 2 * dim * row + dim * chunks * n * 8
     requested = unique + 2 * (dim - 1) * n * row + dim * n * 4 * (chunks - 1)
-    m = model.model_selective_scan_fn(t, dim, n)
+    m = model_selective_scan_fn(t, dim, n)
     assert m["memory"]["hbm_bytes"] == pytest.approx(unique) and m["memory"]["bytes"] == pytest.approx(requested)
     assert m["terms_ms"]["memory"] == pytest.approx(max(unique / HBM, requested / L2) * 1e3)
     assert m["time_ms"] == max(m["terms_ms"].values())
 
 
-def test_an_address_reads_its_own_registers_not_the_width_of_the_data():
-    from bench.sass import Instr
+def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
+    """A GPU run's batch-1 passes against the report's calls (ours and the peer's), and against a
+    report of the measured commit's kernels where there is one: the errors and the ratio to the
+    peer, measured and modelled."""
+    from bench import static_calibration as sc
 
-    _registers = model._registers
-    load = Instr(0, "", "LDG.E.128", ["R4", "desc[UR6][R38.64+0x80]"], ())
-    assert _registers(load) == (["R4", "R5", "R6", "R7"], ["UR6", "R38", "R39"])
-    shared = Instr(0, "@!P1", "LDS.64", ["R12", "[R3+0x10]"], ())
-    assert _registers(shared) == (["R12", "R13"], ["P1", "R3"])
-    store = Instr(0, "", "STG.E.128", ["desc[UR4][R2.64]", "R8"], ())
-    assert _registers(store) == ([], ["UR4", "R2", "R3", "R8", "R9", "R10", "R11"])
+    def row(impl, algorithm, gpu_ms, ms, **kw):
+        return dict(section="scan", status="ok", batch="1", model="Mamba-2 2.7B", kind="mamba2", seqlen=8192,
+                    impl=impl, algorithm=algorithm, gpu_ms=gpu_ms, ms=ms, **kw)
 
+    run = tmp_path / "2026-11-30-gpu"
+    run.mkdir()
+    (run / "scan.json").write_text(json.dumps({
+        "label": "GPU: NVIDIA H200", "env": {"reduced": False, "commit": "1680d6f6c374"}, "captures": [
+            dict(row("ssm_kernels", "chunked (chunk default)", 0.5, 0.6), section="captures", captures="8 grid")],
+        "scan": [row("ssm_kernels", "recurrent", 4.0, 4.1), row("ssm_kernels", "chunked (chunk default)", 0.3, 0.5),
+                 row("mamba_ssm", "chunked (SSD, chunk 256)", 0.4, 0.45), row("fla", "chunked (simple GLA)", 0.3, 0.3),
+                 dict(row("ssm_kernels", "recurrent", 9.0, 9.0), batch="varlen 16")]}))
 
-def test_straight_line_code_counts_for_the_programs_that_run_it():
-    """A branch taken by some programs (the chunked output kernel's capture rows) counts for those
-    only: by the programs the interpreter saw reach each line; 0 for code no program reached, 1
-    for a function header's (argument set-up, which the interpreter does not report)."""
-    import inspect
+    def report(commit, recurrent, chunked, peer):
+        def call(workload, ms, peer_ms=None):
+            return {"workload": workload, "shape": "Mamba-2 2.7B", "size": 8192, "time_ms": ms, "commit": commit,
+                    "peer": {"available": peer_ms is not None, "time_ms": peer_ms}}
+        return {"calls": [call("mamba2_scan recurrent", recurrent), call("mamba2_scan chunked", chunked, peer),
+                          call("mamba2_scan chunked + 8 grid captures", chunked * 2, peer)]}
 
-    from bench.sass import Instr, source_key
-    from ssm_kernels import _triton
-
-    path = _triton.__file__
-    lines, header = inspect.getsourcelines(_triton.exp2_flush.fn)  # from the decorator
-    body = header + next(i for i, text in enumerate(lines) if text.lstrip().startswith("if "))
-
-    def share(*chain):
-        instr = Instr(0, "", "FADD", ["R1", "R2", "R3"], tuple((path, line) for line in chain))
-        return model._straight_share(instr, reached, programs=100)
-
-    key = lambda *chain: "<".join(source_key(path, line) for line in chain)  # noqa: E731
-    reached = {key(body): 100, key(body + 1): 25, key(body + 2, body + 3): 50}
-    assert share(body) == 1 and share(body + 1) == 0.25 and share(body + 2, body + 3) == 0.5
-    assert share(body + 2) == 0.5  # a chain recorded without its call site: the counted chains under it
-    assert share(body + 4, body + 5) == 0  # a helper whose call site no program reached
-    assert share(body + 5) == 0  # a body line no program reached
-    assert share(header) == share(header + 1) == 1  # the decorator and the signature
-    assert model._straight_share(Instr(0, "", "FADD", [], ()), reached, 100) == 1  # no source line
-
-
-def test_programs_share_a_line_only_from_the_storage_s_start():
-    """Cache lines are counted from each storage's start, as on a GPU (allocations aligned to 256
-    bytes), not from absolute CPU addresses, whose 64-byte alignment would vary from run to run."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from bench.counts import _Counter
-
-    base = 1024 + 64  # a storage 64 bytes past a 128-byte line
-    counter = _Counter({(base, base + 4096): "x"}, (1, 2, 1))
-    for y in (0, 1):  # program y reads the storage's bytes [128 y, 128 y + 128): a line each
-        counter.run_program(0, y, 0)
-        addresses = np.arange(base + 128 * y, base + 128 * y + 128, 4)
-        counter.add_access("loaded", SimpleNamespace(data=addresses), SimpleNamespace(data=np.ones(32, bool)), 4)
-    assert counter.reuse_stride("x") is None
+    then = tmp_path / "2026-12-01-static-1680d6f"
+    then.mkdir()
+    (then / "static.json").write_text(json.dumps(report("1680d6f6c374aaaa", 3.0, 0.15, 0.2)))
+    rows = {(r["workload"], r["peer"]): r for r in sc.rows(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)}
+    assert set(rows) == {("mamba2_scan recurrent", False), ("mamba2_scan chunked", False),
+                         ("mamba2_scan chunked", True), ("mamba2_scan chunked + 8 grid captures", False)}
+    rec = rows["mamba2_scan recurrent", False]
+    assert (rec["kernel_ms"], rec["call_ms"], rec["commit"], rec["run"]) == (4.0, 4.1, "1680d6f", "2026-11-30-gpu")
+    assert rec["error"] == pytest.approx(2.0 / 4.0) and rec["error_then"] == pytest.approx(3.0 / 4.0)
+    assert rows["mamba2_scan chunked", True]["error"] == pytest.approx(0.2 / 0.4)
+    assert rows["mamba2_scan chunked + 8 grid captures", False]["error"] == pytest.approx(0.2 / 0.5)
+    (ratio,) = sc.ratios(list(rows.values()))
+    assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]  # measured, then, then / measured, report, report / measured
+    assert "measured at" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)

@@ -2,32 +2,32 @@
 loaded, stored and updated atomically (masked-off elements excluded), per storage and in total,
 dot FLOPs, transcendental evaluations (exp, log, ... : the MUFU work), how many times each source
 line ran and in how many programs, per chain of call sites (a helper called from two places
-counts apart for each, as the SASS inlines it twice). The one counter of kernel work: the static
-report (bench.static) and the chunked scan's cost test (tests/test_chunked_cost.py) both use it.
+counts apart for each, as the SASS inlines it twice).
 
 Bytes: an access counts the distinct addresses its unmasked elements ask for times their size (an
 address that several elements of one load share, a tile broadcast over some axes, counts once:
 the lanes ask for it in the same instruction); each access counts, so a tile re-read per program
 counts per program. Per storage (each tensor argument's underlying storage, named by the
 arguments that point into it, the first three: "state_ptr/out_ptr") the counts show the re-reads: a storage
-needs at most its size loaded and its size stored from HBM (bench.model.traffic).
+needs at most its size loaded and its size stored from HBM (triton_static.model.traffic).
 
 `counting(sample=...)` counts the launches of whatever runs inside it, in this process (which
 must have defined the kernels under TRITON_INTERPRET=1). With sample=False every program runs;
-with sample=True (the static report) each launch runs only the programs at the two ends of each
-grid axis longer than two (all of a shorter axis, and all of an axis in UNALIKE_AXES), each
-weighed by the number of programs it stands for: the two ends give the exact mean of anything
-that varies linearly along an axis (a causal block loop; a ragged last chunk weighs as it should
-only when it is one of two).
-`count(requests)` counts workload calls in an interpreter subprocess (`python -m bench.counts`,
-JSON in and out). Totals are for the whole grid.
+with sample=True each launch runs only the programs at the two ends of each grid axis longer
+than two (all of a shorter axis, and all of an axis the caller names in `unalike_axes`, whose
+programs differ in kind), each weighed by the number of programs it stands for: the two ends
+give the exact mean of anything that varies linearly along an axis (a causal block loop; a
+ragged last chunk weighs as it should only when it is one of two).
+`count(requests, runner)` counts calls in an interpreter subprocess (`python -m
+triton_static.counts`, JSON in and out): `runner` ("module:function", importable from the
+working folder) is called as runner(request, size) for each request and size. Totals are for
+the whole grid.
 
-The static report counts a call at two reduced sizes (tokens of a prefill, or a decode batch) and
-extrapolates every total linearly to the real size, storage sizes included: per-program work of
-these kernels is constant or linear in the size (a loop over tokens or chunks), and grids and
-tensors grow linearly with it. The counting sizes are multiples of the chunk size (256) so that
-chunk and tile grids are full at both sizes, as at the real ones. `extrapolate` checks that the
-two sizes launched the same kernels in the same order.
+A caller that models a real size from reduced ones counts a call at two sizes and extrapolates
+every total linearly (`extrapolate`), storage sizes included: valid where per-program work is
+constant or linear in the size (a loop over tokens or chunks) and grids and tensors grow linearly
+with it; counting sizes should fill the kernels' tiles and chunks as the real size does.
+`extrapolate` checks that the two sizes launched the same kernels in the same order.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import contextlib
 import functools
 import inspect
 import json
+import os
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -46,11 +47,6 @@ TRANSCENDENTALS = ("create_exp", "create_exp2", "create_log", "create_log2", "cr
 OUTSIDE = "(no argument)"  # accesses outside every tensor argument's storage (none expected)
 CACHE_LINE = 128  # bytes: programs share data when they touch a common line
 
-
-# Grid axes along which a kernel's programs are not alike, so that the two ends cannot stand for
-# the rest: sampling runs them in full. Along axis 0 of the chunked scan's state kernel, the rows
-# past the chunks are the inner captures' (a partial each, of a part of a chunk).
-UNALIKE_AXES = {"_chunk_state_kernel": (0,)}
 
 
 def sample_axis(n: int) -> list[int]:
@@ -194,7 +190,7 @@ def _install_counting(counter: _Counter, lines: bool):
     kernel_code, known = set(), [0]
 
     def where(frame) -> str:
-        """'file:line<caller file:line<...' over the kernel frames (bench.sass.Instr.where)."""
+        """'file:line<caller file:line<...' over the kernel frames (sass.Instr.where)."""
         keys = []
         while frame is not None:
             if frame.f_code in kernel_code:
@@ -243,7 +239,7 @@ def _install_counting(counter: _Counter, lines: bool):
     return undo
 
 
-def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool) -> dict:
+def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool, unalike: tuple[int, ...]) -> dict:
     """Run one launch of InterpretedFunction `fn` (its sampled programs, or all); its counts."""
     from triton.runtime import interpreter
 
@@ -266,7 +262,6 @@ def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool) -> dict:
         counter = _Counter({bounds: "/".join(names[:3] + ["..."] * (len(names) > 3))
                             for bounds, names in storages.items()}, grid)
         interpreter.interpreter_builder.set_grid_dim(*grid)
-        unalike = UNALIKE_AXES.get(fn.fn.__name__, ())
         samples = [sample_axis(n) if sample and axis not in unalike else list(range(n))
                    for axis, n in enumerate(grid)]
         for n, s in zip(grid, samples):
@@ -292,9 +287,10 @@ def _run_counted(fn, args, kwargs, grid, sample: bool, lines: bool) -> dict:
 
 
 @contextlib.contextmanager
-def counting(sample: bool = True, lines: bool = True):
+def counting(sample: bool = True, lines: bool = True, unalike_axes: dict[str, tuple[int, ...]] | None = None):
     """Inside, every Triton kernel launch runs through the interpreter with its work counted (all
-    its programs, or with sample=True those at the ends of each grid axis, weighed), and its
+    its programs, or with sample=True those at the ends of each grid axis, weighed, but every
+    program along the axes unalike_axes names for the kernel: {kernel name: axes}), and its
     counts are appended to the list this yields: {"kernel", "grid", "sampled", "bytes_loaded",
     "bytes_stored", "bytes_atomic", "dot_flops", "transcendentals", "storages", "lines" and
     "reached" (per source line: its runs, and the programs that ran it; empty unless lines=True),
@@ -311,8 +307,9 @@ def counting(sample: bool = True, lines: bool = True):
     counted = []
 
     def handler(fn, args, kwargs, grid, site, config, n_configs):
-        counted.append({**_run_counted(fn, args, kwargs, grid, sample, lines), "site": site, "config": config,
-                        "n_configs": n_configs})
+        unalike = (unalike_axes or {}).get(fn.fn.__name__, ())
+        counted.append({**_run_counted(fn, args, kwargs, grid, sample, lines, unalike), "site": site,
+                        "config": config, "n_configs": n_configs})
 
     with np.errstate(all="ignore"), intercepting_interpreted(handler):
         yield counted
@@ -323,23 +320,14 @@ def total(launches: list[dict], key: str) -> float:
     return sum(launch.get(key, 0.0) for launch in launches)
 
 
-def count_here(workload: str, shape, size: int, peer: bool) -> list[dict]:
-    """Counts of every launch of one workload call at one size (sampled; in this process, which
-    must run the interpreter)."""
-    from .static_workloads import run_call
-
-    with counting(sample=True) as counted:
-        run_call(workload, shape, size, peer=peer, fill="zeros")
-    return counted
-
-
-def count(requests: list[dict]) -> list[dict[int, list[dict]]]:
-    """For each request {workload, shape (a shape record), sizes, peer}: {size: counts of each
-    launch}, counted in one interpreter subprocess."""
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-m", "bench.counts"], input=json.dumps(requests), capture_output=True,
-                          text=True, cwd=root)
+def count(requests: list[dict], runner: str, unalike_axes: dict | None = None, cwd=None) -> list[dict[int, list[dict]]]:
+    """For each request {"sizes": [...], ...}: {size: counts of each launch (sampled)}, counted in
+    one interpreter subprocess that calls `runner` ("module:function") as runner(request, size);
+    `cwd`: where the subprocess runs (the runner's module must import from there)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # before the subprocess defines any kernel
+    job = {"runner": runner, "unalike_axes": unalike_axes or {}, "requests": requests}
+    proc = subprocess.run([sys.executable, "-m", "triton_static.counts"], input=json.dumps(job), capture_output=True,
+                          text=True, cwd=cwd, env=env)
     if proc.returncode:
         raise RuntimeError(f"counting failed:\n{proc.stderr[-3000:]}")
     return [{int(k): v for k, v in result.items()} for result in json.loads(proc.stdout.splitlines()[-1])]
@@ -376,14 +364,20 @@ def extrapolate(by_size: dict[int, list[dict]], size: int) -> list[dict]:
 
 
 def main() -> int:
-    from . import use_triton_interpreter
-    use_triton_interpreter(True)
-    from .static_workloads import shape_from_record
+    import importlib
 
+    job = json.loads(sys.stdin.read())
+    module, _, name = job["runner"].partition(":")
+    runner = getattr(importlib.import_module(module), name)
+    unalike = {k: tuple(v) for k, v in job["unalike_axes"].items()}
     results = []
-    for r in json.loads(sys.stdin.read()):
-        shape = shape_from_record(r["shape"])
-        results.append({size: count_here(r["workload"], shape, size, r["peer"]) for size in r["sizes"]})
+    for request in job["requests"]:
+        by_size = {}
+        for size in request["sizes"]:
+            with counting(sample=True, unalike_axes=unalike) as counted:
+                runner(request, size)
+            by_size[size] = counted
+        results.append(by_size)
     print(json.dumps(results))
     return 0
 

@@ -9,16 +9,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # bench/ is run from the repository root, not installed
-
-from bench import workloads as wl  # noqa: E402
-from bench.common import markdown_table  # noqa: E402
+from bench import workloads as wl
+from bench.common import REPO_ROOT as ROOT
+from bench.common import markdown_table
 
 CUDA = torch.cuda.is_available()
 LABEL = "GPU" if CUDA else "CPU"

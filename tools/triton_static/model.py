@@ -7,12 +7,12 @@ For one kernel launch on an H200:
     memory  = max(HBM bytes / HBM bandwidth, requested bytes / L2 bandwidth), two levels:
               requested bytes are what the loads, stores and atomics ask for (each read counted,
               a tile re-read per program counted per program; counted by the interpreter,
-              bench.counts), and every one of them passes through L2. HBM bytes are the unique
+              triton_static.counts), and every one of them passes through L2. HBM bytes are the unique
               bytes (each storage loaded at most once and stored at most once: its size caps
               each) plus the re-reads that miss L2. Whether a re-read hits depends on what enters
               L2 between two reads of the same data: programs run in launch order (grid axis 0
               fastest), the programs that share a storage's data are `reuse_stride` apart (the
-              fastest axis along which they share, bench.counts), and each program brings about
+              fastest axis along which they share, triton_static.counts), and each program brings about
               the kernel's unique bytes / programs into L2; so reuse distance = stride x that,
               and the storage's re-reads hit L2 in the fraction min(1, L2_REUSE_BYTES / reuse
               distance) (all of them when the data is re-read inside a program or no sharing
@@ -31,13 +31,16 @@ For one kernel launch on an H200:
               sites: a branch that only some programs take, such as the chunked state
               kernel's capture programs, counts for those programs only).
     latency = waves x one program's dependent time: the straight-line code (the path most
-              programs take) and each loop iteration replayed in order for one warp (an
-              instruction issues one cycle after the previous one, or when its operands are
-              ready), times the loop's iterations per program. Other warps on the scheduler
-              hide this only through `issue`: the two are reported apart so that a reader
-              sees which one wins. A global load's latency is
-              the L2 hit's, plus the HBM miss's extra for the fraction of the kernel's requested
-              bytes that go to HBM (memory, above).
+              programs take) and each loop iteration replayed in order for one warp as the
+              hardware schedules it, by the bits ptxas encodes in each instruction
+              (sass.Control): an instruction issues its predecessor's stall count after it, or
+              later when it waits on a scoreboard barrier, which releases only when every
+              variable-latency result on it (loads, shuffles, MUFU) has landed; times the
+              loop's iterations per program. Other warps on the scheduler hide this only
+              through `issue`: the two are reported apart so that a reader sees which one
+              wins. A global load's latency is the L2 hit's (a fitted figure, LATENCY), plus
+              the HBM miss's extra for the fraction of the kernel's requested bytes that go to
+              HBM (memory, above).
 
 Waves = ceil(programs / (resident programs per SM x SMs)); resident programs per SM come from
 registers (allocated per warp in units of 256, registers per thread rounded up to 8), shared
@@ -79,16 +82,23 @@ SHARED_RESERVED_PER_BLOCK = 1024
 WARPS_PER_SM = 64
 BLOCKS_PER_SM = 32
 
-# Latencies in cycles (assumptions from public Hopper microbenchmarks, round numbers).
+# Latencies in cycles: assumptions from public Hopper microbenchmarks (round numbers), but for
+# a global load, fitted: 1100 cycles as a waiting warp sees a load that hits L2 (HBM misses 240
+# more), fitted to the H200 run at 1680d6f (bench/results/2026-11-30-gpu-2): its recurrent
+# Mamba-2 scan (4.52 ms at 8192 tokens, one warp per scheduler whose token loop waits on a load
+# every iteration) models 3.59 ms with it, and the chunked scans' ratio to mamba_ssm's match that
+# run's within 2% (bench/README.md, calibration). An idle L2 hit is ~260 cycles in public
+# pointer-chasing microbenchmarks: the fit holds whatever else such a wait includes.
 LATENCY = {
     "alu": 4,  # FFMA, FADD, IADD3, ... fixed-latency pipes
     "MUFU": 18,
     "SHFL": 24,
     "shared": 30,  # LDS, LDSM
-    "L2": 260,  # a global load that hits L2
-    "HBM": 500,  # a global load that misses L2
+    "L2": 1100,  # a global load that hits L2 (fitted, above)
+    "HBM": 1340,  # a global load that misses L2
     "BAR": 20,
     "MMA": 32,  # HMMA
+    "operand_read": 20,  # until a store or load has read its source registers (its read barrier)
 }
 PIPE_SLOTS = {"alu": 2, "MUFU": 8}  # issue slots per warp instruction beyond 1
 ALU_PIPE = {"IADD3", "LOP3", "SHF", "ISETP", "SEL", "FSEL", "FSETP", "FMNMX", "PRMT", "LEA", "PLOP3", "IMNMX",
@@ -122,7 +132,7 @@ class Traffic:
 
 def traffic(storages: dict[str, dict[str, float]], programs: int) -> Traffic:
     """Traffic of a launch of `programs` programs from its bytes per storage: {name: {"loaded",
-    "stored", "atomic" (read + write, counted twice), "size", "reuse_stride"}} (bench.counts; a
+    "stored", "atomic" (read + write, counted twice), "size", "reuse_stride"}} (triton_static.counts; a
     storage without a size is uncapped, one without a reuse stride is re-read close by)."""
     per_storage = []
     for s in storages.values():
@@ -203,7 +213,13 @@ def _registers(instr: Instr) -> tuple[list[str], list[str]]:
 
 def replay_cycles(instrs: list[Instr], iterations: int = 1, global_load: float = LATENCY["HBM"]) -> float:
     """Cycles one warp takes to issue `instrs` in order (module doc); with iterations > 1, the
-    steady-state cycles of one more iteration of a loop body."""
+    steady-state cycles of one more iteration of a loop body. With the instructions' scheduling
+    bits (sass.Control, as the hardware runs one warp): each issues `stall` cycles after the
+    previous one, or later when it waits on a scoreboard barrier, which releases when every
+    variable-latency result (or source read) on it has landed, so one late load holds up every
+    instruction waiting on its barrier. Without them, by register dependencies alone."""
+    if instrs and all(i.control is not None for i in instrs):
+        return _replay_scoreboards(instrs, iterations, global_load)
     ready: dict[str, float] = {}
     t = 0.0
     ends = []
@@ -213,6 +229,23 @@ def replay_cycles(instrs: list[Instr], iterations: int = 1, global_load: float =
             t = max([t + 1] + [ready.get(r, 0.0) for r in read])
             for r in written:
                 ready[r] = t + latency
+        ends.append(t)
+    return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
+
+
+def _replay_scoreboards(instrs: list[Instr], iterations: int, global_load: float) -> float:
+    released = [0.0] * 6  # when each barrier's pending results have all landed
+    t = 0.0  # the earliest cycle the next instruction may issue
+    ends = []
+    decoded = [(i.control, instruction_latency(i, global_load)) for i in instrs]
+    for _ in range(iterations):
+        for c, latency in decoded:
+            issue = max([t] + [released[b] for b in range(6) if c.wait >> b & 1])
+            if c.write < 6:
+                released[c.write] = max(released[c.write], issue + latency)
+            if c.read < 6:
+                released[c.read] = max(released[c.read], issue + LATENCY["operand_read"])
+            t = issue + max(c.stall, 1)
         ends.append(t)
     return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
 
@@ -309,7 +342,7 @@ def _signature_lines(path: str) -> frozenset[int]:
 
 def _straight_share(instr: Instr, reached: dict[str, float], programs: int) -> float:
     """The fraction of programs that run a straight-line instruction: the programs that ran its
-    source line (bench.counts "reached") / programs, 0 where no program ran it (a branch not
+    source line (triton_static.counts "reached") / programs, 0 where no program ran it (a branch not
     taken); 1 where there is nothing to go by (no counts, no source line, or a function header,
     whose lines the interpreter does not report)."""
     if not reached or not instr.chain:
@@ -390,60 +423,3 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
         busiest_scheduler_warps=busiest, global_load_cycles=global_load, latency_cycles_per_program=latency,
         hbm_ms=memory.hbm_ms, l2_ms=memory.l2_ms, memory_ms=terms["memory"], tensor_ms=terms["tensor"],
         issue_ms=terms["issue"], latency_ms=terms["latency"], time_ms=terms[bound], bound=bound, loops=loops)
-
-
-SELECTIVE_SCAN_CHUNK = 2048  # tokens per block iteration: 128 threads x 16 items (sequences over 1024 tokens)
-
-
-def selective_scan_fn_storages(tokens: int, dim: int, dstate: int, ngroups: int = 1, elt: int = 2,
-                               has_z: bool = True) -> dict[str, dict[str, float]]:
-    """Bytes per storage that mamba_ssm's selective_scan_fn forward kernel asks for (its CUDA
-    source, csrc/selective_scan/selective_scan_fwd_kernel.cuh), in bench.counts' terms: one block
-    per (sequence, channel) walks the tokens in chunks of SELECTIVE_SCAN_CHUNK; per chunk it loads
-    its channel's u and delta, then for every state index A and its group's B and C over the
-    chunk (so every channel's block reads all of B and C: dim / ngroups re-reads of each), and
-    stores out, then out_z = out * silu(z) after loading z, and the chunk's running prefix per
-    state (float2) into x. u, delta, z, B, C, out, out_z in the input dtype (elt bytes). The grid
-    is (sequences, channels): neighbouring blocks share B and C (reuse stride 1); A is re-read
-    inside a block."""
-    chunks = -(-tokens // SELECTIVE_SCAN_CHUNK)
-    row = tokens * elt
-
-    def storage(size, loaded=0.0, stored=0.0, shared=False):
-        return {"loaded": float(loaded), "stored": float(stored), "atomic": 0.0, "size": float(size),
-                **({"reuse_stride": 1.0} if shared else {})}
-
-    out = {"u": storage(dim * row, loaded=dim * row), "delta": storage(dim * row, loaded=dim * row),
-           "A": storage(dim * dstate * 4, loaded=dim * dstate * 4 * chunks),
-           "B": storage(ngroups * dstate * row, loaded=dim * dstate * row, shared=True),
-           "C": storage(ngroups * dstate * row, loaded=dim * dstate * row, shared=True),
-           "D": storage(dim * 4, loaded=dim * 4), "delta_bias": storage(dim * 4, loaded=dim * 4),
-           "out": storage(dim * row, stored=dim * row), "x": storage(dim * chunks * dstate * 8,
-                                                                   stored=dim * chunks * dstate * 8)}
-    if has_z:
-        out |= {"z": storage(dim * row, loaded=dim * row), "out_z": storage(dim * row, stored=dim * row)}
-    return out
-
-
-def model_selective_scan_fn(tokens: int, dim: int, dstate: int, ngroups: int = 1, elt: int = 2,
-                            has_z: bool = True) -> dict:
-    """mamba_ssm's selective_scan_fn (CUDA, Mamba-1) from its algorithm, since its extension is
-    not built here: memory by the rule every kernel gets (`traffic`) over the bytes its kernel
-    asks for (selective_scan_fn_storages); one exp per state element and token (exp(delta * A):
-    tokens x dim x dstate on the MUFU pipe, 16 per SM per cycle); time scanned in parallel (a
-    block-wide scan per chunk, chained through the chunk's running state), so no per-token
-    latency chain: about 6 fp32 FLOPs per state element and token (decay, input term, the scan's
-    combine twice, the readout) on the FMA pipe."""
-    elements = tokens * dim * dstate
-    memory = traffic(selective_scan_fn_storages(tokens, dim, dstate, ngroups, elt, has_z), dim)
-    terms = {
-        "memory": memory.memory_ms,
-        "mufu": elements / (SMS * 16 * CLOCK_HZ) * 1e3,
-        "fp32": 6 * elements / TENSOR_FLOPS["none"] * 1e3,
-    }
-    bound = max(terms, key=terms.get)
-    return {"terms_ms": terms, "time_ms": terms[bound], "bound": bound,
-            "memory": {"bytes": memory.requested, "unique_bytes": memory.unique, "hbm_bytes": memory.hbm,
-                       "reread_far_bytes": memory.reread_far, "l2_hit": memory.l2_hit,
-                       "hbm_ms": memory.hbm_ms, "l2_ms": memory.l2_ms},
-            "how": "modelled from its algorithm (no compiled kernel: its CUDA extension is not built)"}

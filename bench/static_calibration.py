@@ -1,0 +1,133 @@
+"""The static model against the GPU: beside every call a GPU run has measured (bench/results/
+*-gpu*/scan.json, batch 1 at a size the report models), the measured kernel time (torch.profiler)
+and call time (do_bench), the commit they were measured at, and the model's error: modelled /
+measured kernel time (the call time where a run measured no kernel time, marked so). The model
+is read from the report itself (its commit: the kernels may have changed since the measurement)
+and, where one exists, from a static report of the measured commit's kernels
+(bench/static_at.sh COMMIT bench/results/<date>-static-<commit>).
+
+    python -m bench.static_report DIR --calibration
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .common import RESULTS_DIR, fmt, markdown_table
+
+OURS = {"recurrent": "recurrent", "chunked (chunk default)": "chunked", "chunked (chunk 256)": "chunked"}
+HEADERS = ["call", "shape", "tokens", "measured kernel ms", "measured call ms", "measured at", "modelled ms (then)",
+           "error (then)", "modelled ms (report)", "error (report)"]
+
+
+def _workload(row: dict) -> tuple[str, bool] | None:
+    """(static workload, peer?) of a measured row, or None when the report has no such call."""
+    kind = row.get("kind") or ("mamba1" if row["model"].startswith("Mamba-1") else "mamba2")
+    if row.get("impl", "ssm_kernels") == "mamba_ssm" and kind == "mamba2":
+        return f"{kind}_scan chunked", True
+    if row.get("impl", "ssm_kernels") != "ssm_kernels" or row["algorithm"] not in OURS:
+        return None
+    name = f"{kind}_scan {OURS[row['algorithm']]}"
+    suffix = {0: "", 8: " + 8 captures", "8 grid": " + 8 grid captures"}.get(row.get("captures") or 0)
+    return None if suffix is None else (name + suffix, False)
+
+
+def measurements(results: Path = RESULTS_DIR) -> list[dict]:
+    """Every GPU-measured batch-1 pass (scan and captures sections) of the GPU runs under `results`."""
+    out = []
+    for path in sorted(results.glob("*-gpu*/scan.json")):
+        data = json.loads(path.read_text())
+        if not data["label"].startswith("GPU") or data["env"].get("reduced"):
+            continue
+        for row in data.get("scan", []) + data.get("captures", []):
+            if row.get("status") != "ok" or str(row.get("batch")) != "1":
+                continue
+            if row["section"] == "captures" and row.get("captures") not in (8, "8 grid"):
+                continue  # the passes without captures are the scan section's
+            match = _workload(row)
+            if match is None:
+                continue
+            out.append({"workload": match[0], "peer": match[1], "shape": row["model"], "tokens": row["seqlen"],
+                        "kernel_ms": row.get("gpu_ms"), "call_ms": row["ms"], "run": path.parent.name,
+                        "commit": (data["env"].get("commit") or "?")[:7],
+                        "captures_placed": "evenly" if row.get("captures") == 8 else None})
+    return out
+
+
+def _modelled(data: dict, m: dict) -> float | None:
+    for c in data["calls"]:
+        if (c["workload"], c["shape"], c["size"]) == (m["workload"], m["shape"], m["tokens"]):
+            if m["peer"]:
+                return c["peer"]["time_ms"] if c["peer"].get("available") else None
+            return c["time_ms"]
+    return None
+
+
+def reports_at(commit: str, results: Path = RESULTS_DIR) -> list[dict]:
+    """Static reports every call of which was modelled at `commit` (a prefix)."""
+    found = []
+    for path in sorted(results.glob("*static*/static.json")):
+        data = json.loads(path.read_text())
+        commits = {(c.get("commit") or "") for c in data["calls"]}
+        if commits and all(c.startswith(commit) for c in commits):
+            found.append(data)
+    return found
+
+
+def rows(data: dict, results: Path = RESULTS_DIR) -> list[dict]:
+    """One row per measurement with a counterpart in the report (`data`)."""
+    out = []
+    for m in measurements(results):
+        now = _modelled(data, m)
+        if now is None:
+            continue
+        then = next((t for t in (_modelled(r, m) for r in reports_at(m["commit"], results)) if t is not None), None)
+        measured = m["kernel_ms"] or m["call_ms"]
+        out.append({**m, "modelled_ms": now, "error": now / measured, "modelled_then_ms": then,
+                    "error_then": then / measured if then else None, "against": "kernel" if m["kernel_ms"] else "call"})
+    return out
+
+
+def ratios(calibration: list[dict]) -> list[list]:
+    """Ours / the peer, measured (kernel times of one run) and modelled, per run, shape and size."""
+    out = []
+    for r in calibration:
+        if r["peer"] or r["against"] != "kernel" or r["captures_placed"]:
+            continue
+        peer = next((p for p in calibration if p["peer"] and p["against"] == "kernel" and p["workload"] == r["workload"]
+                     and (p["run"], p["shape"], p["tokens"]) == (r["run"], r["shape"], r["tokens"])), None)
+        if peer is None:
+            continue
+        measured = r["kernel_ms"] / peer["kernel_ms"]
+        then = r["modelled_then_ms"] / peer["modelled_then_ms"] if r["modelled_then_ms"] and peer["modelled_then_ms"] \
+            else None
+        now = r["modelled_ms"] / peer["modelled_ms"]
+        out.append([f"`{r['workload']}`", r["shape"], r["tokens"], f"{r['commit']} ({r['run']})", fmt(measured),
+                    fmt(then) if then else "-", fmt(then / measured) if then else "-", fmt(now), fmt(now / measured)])
+    return out
+
+
+def table(data: dict, results: Path = RESULTS_DIR) -> str:
+    calibration = rows(data, results)
+    if not calibration:
+        return "No GPU run has measured a call of this report."
+    ratio_rows = ratios(calibration)
+    body = []
+    for r in calibration:
+        name = f"`{r['workload']}`" + (" peer (mamba_ssm)" if r["peer"] else "")
+        if r["captures_placed"]:
+            name += " (measured: captures evenly spaced)"
+        mark = "" if r["against"] == "kernel" else " (call)"
+        body.append([name, r["shape"], r["tokens"], fmt(r["kernel_ms"]) if r["kernel_ms"] else "-", fmt(r["call_ms"]),
+                     f"{r['commit']} ({r['run']})", fmt(r["modelled_then_ms"]) if r["modelled_then_ms"] else "-",
+                     f"{fmt(r['error_then'])}{mark}" if r["error_then"] else "-", fmt(r["modelled_ms"]),
+                     f"{fmt(r['error'])}{mark}"])
+    return "\n".join([
+        "Modelled (static model, not measured) against measured on an H200. Error = modelled / measured kernel "
+        "time ((call): against the call time, where the run measured no kernel time). \"then\": the model of "
+        "the measured commit's kernels (bench/static_at.sh); \"report\": this report's kernels, which may have "
+        "changed since.", "", markdown_table(HEADERS, body), "",
+        "Ours / mamba_ssm's peer, kernel times of one run against the model's ratio:", "",
+        markdown_table(["call", "shape", "tokens", "measured at", "measured ratio", "modelled (then)",
+                        "modelled / measured (then)", "modelled (report)", "modelled / measured (report)"], ratio_rows)
+        if ratio_rows else "(no run measured both kernel times)"])

@@ -1,0 +1,100 @@
+"""The time model's rules and the pieces they stand on, each against figures computed by hand."""
+import inspect
+
+import numpy as np
+import pytest
+
+from triton_static import model
+from triton_static.counts import _Counter
+from triton_static.sass import Instr, source_key
+
+HBM, L2 = 4.3e12, 10e12  # bytes per second the model assumes
+
+
+def test_re_reads_far_apart_in_launch_order_go_to_hbm_in_proportion():
+    """100 programs move 100 MB once (1 MB each): "far" is re-read 3 more times by programs 80
+    apart (80 MB enter L2 between reuses: half of its 40 MB stays), "near" by programs 10 apart
+    (10 MB: all hit), "inside" within a program."""
+    mb = 1e6
+    storages = {"far": {"loaded": 4 * 60 * mb, "size": 60 * mb, "reuse_stride": 80},
+                "near": {"loaded": 2 * 20 * mb, "size": 20 * mb, "reuse_stride": 10},
+                "inside": {"loaded": 3 * 10 * mb, "stored": 10 * mb, "size": 10 * mb}}
+    t = model.traffic(storages, programs=100)
+    assert (t.requested, t.unique, t.reread_far) == (320 * mb, 100 * mb, 180 * mb)
+    assert t.hbm == pytest.approx(100 * mb + 180 * mb / 2)
+    assert t.l2_hit == pytest.approx(1 - 90 / 220)
+    assert t.memory_ms == pytest.approx(max(190 * mb / HBM, 320 * mb / L2) * 1e3)
+
+
+def test_an_address_reads_its_own_registers_not_the_width_of_the_data():
+    _registers = model._registers
+    load = Instr(0, "", "LDG.E.128", ["R4", "desc[UR6][R38.64+0x80]"], ())
+    assert _registers(load) == (["R4", "R5", "R6", "R7"], ["UR6", "R38", "R39"])
+    shared = Instr(0, "@!P1", "LDS.64", ["R12", "[R3+0x10]"], ())
+    assert _registers(shared) == (["R12", "R13"], ["P1", "R3"])
+    store = Instr(0, "", "STG.E.128", ["desc[UR4][R2.64]", "R8"], ())
+    assert _registers(store) == ([], ["UR4", "R2", "R3", "R8", "R9", "R10", "R11"])
+
+
+def test_straight_line_code_counts_for_the_programs_that_run_it():
+    """A branch taken by some programs counts for those only: by the programs the interpreter saw
+    reach each line; 0 for code no program reached, 1 for a function header's (argument set-up,
+    which the interpreter does not report)."""
+    import toy_kernels
+
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.clamp_low.fn)  # from the decorator
+    body = header + next(i for i, text in enumerate(lines) if text.lstrip().startswith("if "))
+
+    def share(*chain):
+        instr = Instr(0, "", "FADD", ["R1", "R2", "R3"], tuple((path, line) for line in chain))
+        return model._straight_share(instr, reached, programs=100)
+
+    key = lambda *chain: "<".join(source_key(path, line) for line in chain)  # noqa: E731
+    reached = {key(body): 100, key(body + 1): 25, key(body + 2, body + 3): 50}
+    assert share(body) == 1 and share(body + 1) == 0.25 and share(body + 2, body + 3) == 0.5
+    assert share(body + 2) == 0.5  # a chain recorded without its call site: the counted chains under it
+    assert share(body + 4, body + 5) == 0  # a helper whose call site no program reached
+    assert share(body + 5) == 0  # a body line no program reached
+    assert share(header) == share(header + 1) == 1  # the decorator and the signature
+    assert model._straight_share(Instr(0, "", "FADD", [], ()), reached, 100) == 1  # no source line
+
+
+def test_programs_share_a_line_only_from_the_storage_s_start():
+    """Cache lines are counted from each storage's start, as on a GPU (allocations aligned to 256
+    bytes), not from absolute CPU addresses, whose 64-byte alignment would vary from run to run."""
+    from types import SimpleNamespace
+
+    base = 1024 + 64  # a storage 64 bytes past a 128-byte line
+    counter = _Counter({(base, base + 4096): "x"}, (1, 2, 1))
+    for y in (0, 1):  # program y reads the storage's bytes [128 y, 128 y + 128): a line each
+        counter.run_program(0, y, 0)
+        addresses = np.arange(base + 128 * y, base + 128 * y + 128, 4)
+        counter.add_access("loaded", SimpleNamespace(data=addresses), SimpleNamespace(data=np.ones(32, bool)), 4)
+    assert counter.reuse_stride("x") is None
+
+
+def test_scheduling_bits_decode_from_the_high_word():
+    from triton_static.sass import Control
+
+    assert Control.decode(0x000fe40000000f00) == Control(stall=2, write=7, read=7, wait=0)  # a MOV
+    assert Control.decode(0x020fe40000000f00) == Control(stall=2, write=7, read=7, wait=0b100000)  # waits on 5
+
+
+def test_a_warp_waits_on_a_barrier_until_every_result_on_it_has_landed():
+    """Two loads on barrier 0 (the second issued 2 cycles later), an ALU instruction, then one
+    that waits on barrier 0: it issues when the later load lands; stall counts space the rest."""
+    from triton_static.sass import Control
+
+    def instr(opcode, stall=1, write=7, read=7, wait=0):
+        return Instr(0, "", opcode, ["R1", "R2"], (), Control(stall, write, read, wait))
+
+    load = 500.0
+    body = [instr("LDG.E", write=0), instr("LDG.E", stall=2, write=0), instr("FADD"), instr("FADD", stall=4, wait=1),
+            instr("FADD")]
+    # issues: 0, 1, 3, then max(4, 1 + 500) = 501, then 505; one warp's time: to the last one's stall
+    assert model.replay_cycles(body, global_load=load) == 506
+    assert model.replay_cycles(body[2:], global_load=load) == 1 + 4 + 1  # nothing pending: stalls only
+    # a loop: the wait at the top of the next iteration is on the loads of this one
+    loop = [instr("FADD", wait=1), instr("LDG.E", write=0), instr("FADD", stall=6)]
+    assert model.replay_cycles(loop, iterations=3, global_load=load) == 1 + load

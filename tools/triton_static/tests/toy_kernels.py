@@ -1,0 +1,48 @@
+"""Toy kernels for the tool's tests (no other package needed): a row sum whose loop runs over
+blocks of a row, and a helper with a branch, whose source lines the model's tests refer to.
+
+`row_sum_kernel` follows TRITON_INTERPRET as this module is imported (the counts' subprocess
+interprets it); `compiled_row_sum_kernel` is the same function as a JITFunction whatever the
+mode, for recording and compiling in a test process that interprets.
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+BLOCK = 64
+
+
+def _row_sum(x_ptr, out_ptr, n, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + row * stride + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + row, tl.sum(acc, 0))
+
+
+row_sum_kernel = triton.jit(_row_sum)
+compiled_row_sum_kernel = JITFunction(_row_sum)
+
+
+def row_sum(x: torch.Tensor, kernel=row_sum_kernel) -> torch.Tensor:
+    out = torch.empty(x.shape[0], dtype=torch.float32)
+    kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=BLOCK)
+    return out
+
+
+def run(request: dict, size: int) -> None:
+    """triton_static.counts' runner: a row sum of request["rows"] rows of `size` zeros."""
+    row_sum(torch.zeros(request["rows"], size))
+
+
+@triton.jit
+def clamp_low(x, low):
+    if low > 0:
+        x = tl.maximum(x, low)
+        x = x + 0
+        x = x * 1
+        x = x - 0
+        x = x + 0
+    return x
