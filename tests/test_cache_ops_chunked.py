@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
 from ssm_kernels import cache_ops, mamba1_scan, mamba2_scan
@@ -210,51 +208,6 @@ def test_bad_chunked_arguments_raise_naming_them():
     with pytest.raises(ValueError, match="algorithm"):
         _mamba2_prefill(_batch(), kw, cache, out, algorithm="ssd")
     assert torch.equal(cache, before) and not out.any(), "a refused call wrote"
-
-
-class _Dispatches(TorchDispatchMode):
-    """The aten ops a call dispatches, and those that allocate: an output whose storage no input
-    shares (views and out= ops reuse their inputs' memory)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops, self.allocations = [], []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        self.ops.append(func)
-        self.allocations += [func for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.numel()
-                             and t.untyped_storage().data_ptr() not in given]
-        return out
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="counts the launches under the Triton interpreter")
-def test_a_steps_later_layers_allocate_nothing_on_the_chunked_triton_path(monkeypatch):
-    """The step's tables, workspace and staging tensors are built by its first layer: a later
-    layer's call (launches stubbed) dispatches the same few torch ops and allocates no tensor."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    launches = []
-    monkeypatch.setattr(InterpretedFunction, "run", lambda self, *args, **kwargs: launches.append(self.fn.__name__))
-    batch = _batch()
-    kw, cache = _mamba2_case(torch.bfloat16)
-    out = torch.empty_like(kw["x"][0])
-    calls = []
-    for _ in range(3):
-        with _Dispatches() as counted:
-            _mamba2_prefill(batch, kw, cache, out, backend="triton", algorithm="chunked", chunk_size=CHUNK)
-        calls.append((counted, launches[:]))
-        launches.clear()
-    (first, first_launches), *later = calls
-    assert first.allocations, "the first layer builds the step's tensors"
-    for counted, launched in later:
-        assert launched == first_launches and len(launched) == 5  # the five SSD stages
-        assert counted.allocations == []
-        # Around the launches, 8 torch kernels (the initial states' gather, cast and zero fill;
-        # the staged y's select and store; the final states' select, cast and store) and views.
-        kernels = [str(op) for op in counted.ops if not op.is_view]
-        assert len(kernels) == 8 and len(counted.ops) <= 31, kernels
 
 
 def test_a_step_reads_its_tensors_back_once(monkeypatch):

@@ -1,0 +1,225 @@
+"""The engine ops' host work per layer call: python -m bench.host [--layers N] [--repeats N] [--out DIR]
+
+Without a GPU. A serving step builds one PrefillBatch (or DecodeBatch) and calls every layer's ops
+with it; on a GPU, what a call costs on the host (validation, tables, views, the torch ops around
+the kernels, each Triton launch's argument binding) is what the step pays beyond its kernels when
+the host is the bottleneck. Here every call runs on CPU tensors, at a small layer shape so that the
+torch ops that do run on the CPU cost little, with its Triton launches stubbed: for the times, each
+launch does what JITFunction.run does for a compiled kernel before the driver call (the generated
+binder for sm_90a, the cache key) and returns; for the counts, a second pass records the launches
+(triton_static.launches.recording) and the torch dispatches. Per op, for the step's first layer and
+for the later layers: host time (median), launches, torch kernels and views dispatched, and
+allocations (outputs whose storage no input shares); a step's batch is built before its layers
+(prefill_batch's own time is its own row). A warm-up step first, so that one-time work (each
+kernel's binder) is not counted.
+
+Times are this machine's wall time per call without the driver's launch cost: compare ops and
+layers within one run, not across machines. Results: host.json and host.md in --out (default
+bench/results/<date>-host).
+"""
+from __future__ import annotations
+
+from . import use_triton_interpreter
+
+use_triton_interpreter(False)  # launches are recorded, never run; before the kernels are imported
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import datetime  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from unittest import mock  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.compiler import make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
+from triton_static.launches import TARGET, recording  # noqa: E402
+
+from ssm_kernels import cache_ops  # noqa: E402
+
+from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, write_json  # noqa: E402
+from .static_workloads import triton_path_on_cpu  # noqa: E402
+
+# A small Mamba-2 / Mamba-1 layer: the host work does not depend on the sizes.
+NHEADS, HEADDIM, NGROUPS, DSTATE, WIDTH = 8, 16, 1, 16, 4
+LENGTHS = [64, 64, 48, 80]  # one prefill step: four rows
+CHUNK = 16
+
+
+class Dispatches(TorchDispatchMode):
+    """The aten ops dispatched inside, the views among them, and the allocations: outputs whose
+    storage no input shares (views and out= ops reuse their inputs' memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.views, self.allocations = [], 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        self.ops.append(str(func))
+        self.views += func.is_view
+        self.allocations += [str(func) for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.numel()
+                             and t.untyped_storage().data_ptr() not in given]
+        return out
+
+
+def _step(device):
+    """One prefill step's and one decode step's batches, caches and a layer's inputs."""
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    nseq, ntok = len(LENGTHS), sum(LENGTHS)
+    slots = torch.arange(nseq, dtype=torch.int32, device=device)
+    prefill = cache_ops.prefill_batch(
+        cu, slots, has_initial_state=[True, False, True, False], capture_seq=torch.tensor([0, 2], device=device),
+        capture_offset=torch.tensor([16, 40], device=device), capture_slot=torch.tensor([8, 9], device=device),
+        nslots=16, validate=False, start_positions=[32, 0, 16, 0])
+    decode = cache_ops.decode_batch(slots, validate=False)
+    dim = NHEADS * HEADDIM
+    conv_dim = dim + 2 * NGROUPS * DSTATE
+    f = dict(device=device, dtype=torch.bfloat16)
+    return dict(
+        prefill=prefill, decode=decode, ntok=ntok, nseq=nseq,
+        x=torch.randn(ntok, NHEADS, HEADDIM, **f), dt=torch.randn(ntok, NHEADS, **f),
+        A=-torch.rand(NHEADS, device=device),
+        B=torch.randn(ntok, NGROUPS, DSTATE, **f), C=torch.randn(ntok, NGROUPS, DSTATE, **f),
+        D=torch.ones(NHEADS, device=device), dt_bias=torch.zeros(NHEADS, device=device),
+        ssm2=torch.zeros(16, NHEADS, HEADDIM, DSTATE, **f), ssm1=torch.zeros(16, dim, DSTATE, **f),
+        conv=torch.zeros(16, WIDTH - 1, conv_dim, **f).transpose(1, 2), xbc=torch.randn(conv_dim, ntok, **f),
+        w=torch.randn(conv_dim, WIDTH, **f), u=torch.randn(dim, ntok, **f), delta=torch.randn(dim, ntok, **f),
+        A1=-torch.rand(dim, DSTATE, device=device), B1=torch.randn(NGROUPS, DSTATE, ntok, **f),
+        C1=torch.randn(NGROUPS, DSTATE, ntok, **f))
+
+
+def calls(s) -> dict:
+    """The ops measured, each a call of one layer on the step `s` (outputs allocated once, as an
+    engine's are)."""
+    y2, y1, conv_out = torch.empty_like(s["x"]), torch.empty_like(s["u"]), torch.empty_like(s["xbc"])
+    d = s["nseq"]  # decode: one token a row
+    y2d = torch.empty_like(s["x"][:d])
+    mamba2 = lambda algorithm: lambda: cache_ops.mamba2_prefill(
+        s["prefill"], s["x"], s["dt"], s["A"], s["B"], s["C"], ssm_state=s["ssm2"], out=y2, D=s["D"],
+        dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK)
+    mamba1 = lambda algorithm: lambda: cache_ops.mamba1_prefill(
+        s["prefill"], s["u"], s["delta"], s["A1"], s["B1"], s["C1"], ssm_state=s["ssm1"], out=y1,
+        delta_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK)
+    return {
+        "mamba2_prefill recurrent": mamba2("recurrent"),
+        "mamba2_prefill chunked": mamba2("chunked"),
+        "mamba1_prefill recurrent": mamba1("recurrent"),
+        "mamba1_prefill chunked": mamba1("chunked"),
+        "conv_prefill": lambda: cache_ops.conv_prefill(s["prefill"], s["xbc"], s["w"], conv_state=s["conv"],
+                                                       out=conv_out, activation="silu", backend="triton"),
+        "mamba2_decode": lambda: cache_ops.mamba2_decode(
+            s["decode"], s["x"][:d], s["dt"][:d], s["A"], s["B"][:d], s["C"][:d], ssm_state=s["ssm2"], out=y2d,
+            D=s["D"], dt_bias=s["dt_bias"], dt_softplus=True, backend="triton"),
+    }
+
+
+_BACKEND = make_backend(TARGET)
+_binders: dict = {}
+
+
+def _bind(fn: JITFunction, args, kwargs) -> None:
+    """JITFunction.run's work on a compiled kernel before the driver launches it."""
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    binder = _binders.get(fn)
+    if binder is None:
+        binder = _binders[fn] = (create_function_from_signature(fn.signature, fn.params, _BACKEND), {})
+    _, specialization, options = binder[0](*args, **kwargs)
+    compute_cache_key(binder[1], specialization, options)
+
+
+@contextlib.contextmanager
+def launches_stubbed(binding: bool = True):
+    """Inside, a Triton launch binds its arguments as a real launch does (binding), and returns."""
+    def run(self, *args, grid, warmup, **kwargs):
+        if binding:
+            _bind(self, args, kwargs)
+    with triton_path_on_cpu(), mock.patch.object(JITFunction, "run", run):
+        yield
+
+
+def _timed(call) -> float:
+    began = time.perf_counter()
+    call()
+    return (time.perf_counter() - began) * 1e6
+
+
+def _counted(call) -> dict:
+    launches = []
+    with triton_path_on_cpu(), recording(launches), Dispatches() as seen:
+        call()
+    return {"launches": len(launches), "torch_kernels": len(seen.ops) - seen.views, "views": seen.views,
+            "allocations": len(seen.allocations)}
+
+
+def measure(layers: int, repeats: int) -> list[dict]:
+    """Per op: a warm-up step, then `repeats` steps of `layers` layer calls each, every step with
+    a fresh batch, timed; then one step counted."""
+    cpu = torch.device("cpu")
+    rows = []
+    with launches_stubbed():
+        batch_us = [_timed(lambda: _step(cpu)) for _ in range(repeats + 1)][1:]
+    rows.append({"op": "prefill_batch + decode_batch (and the step's inputs)",
+                 "first": {"us": statistics.median(batch_us)}})
+    for name in calls(_step(cpu)):
+        first, later, unbound = [], [], []
+        for binding, kept in ((True, later), (False, unbound)):
+            with launches_stubbed(binding):
+                for repeat in range(repeats + 1):
+                    call = calls(_step(cpu))[name]
+                    times = [_timed(call) for _ in range(layers)]
+                    if repeat:  # the first step warms up
+                        if binding:
+                            first.append(times[0])
+                        kept += times[1:]
+        call = calls(_step(cpu))[name]
+        counts = [_counted(call) for _ in range(layers)]
+        rows.append({"op": name, "first": {"us": statistics.median(first), **counts[0]},
+                     "later": {"us": statistics.median(later),
+                               "binding_us": statistics.median(later) - statistics.median(unbound),
+                               **{k: max(c[k] for c in counts[1:]) for k in counts[1]}}})
+    return rows
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    header = (f"Host work per layer call (CPU, Triton launches stubbed after binding; {env['cpu']}, "
+              f"commit {env['commit']}, {env['date']}): a step of {env['layers']} layers, "
+              f"{env['repeats']} steps; time is the median, counts the largest.\n\n")
+    body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in ("first", "later")),
+             f"{r['later']['binding_us']:.0f}" if "later" in r else "",
+             *(r["later"][c] if "later" in r else "" for c in ("launches", "torch_kernels", "views", "allocations")),
+             r["first"].get("allocations", "")] for r in rows]
+    columns = ["op", "first layer us", "later layers us", "of which binding us", "launches", "torch kernels", "views",
+               "allocations", "first layer's allocations"]
+    return header + markdown_table(columns, body) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.host", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=8, help="layer calls per step (default 8)")
+    parser.add_argument("--repeats", type=int, default=5, help="steps per op (default 5)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<date>-host)")
+    args = parser.parse_args(argv)
+    if args.layers < 2 or args.repeats < 1:
+        parser.error("--layers must be at least 2 and --repeats at least 1")
+    torch.set_num_threads(1)
+    rows = measure(args.layers, args.repeats)
+    env = {"cpu": cpu_name(), "commit": git_commit().get("commit", "unknown")[:12], "torch": torch.__version__,
+           "date": datetime.date.today().isoformat(), "layers": args.layers, "repeats": args.repeats}
+    out = args.out or RESULTS_DIR / f"{env['date']}-host"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "host.json", {"environment": env, "rows": rows})
+    table = markdown(rows, env)
+    (out / "host.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
