@@ -266,12 +266,18 @@ def check_written(written: dict, read: dict) -> None:
     for name, t in written.items():
         check_inplace_target(name, t)
     present = [(n, t) for n, t in {**written, **read}.items() if isinstance(t, torch.Tensor) and t.numel()]
-    layouts = {n: _byte_layout(t) for n, t in present}
+    # Tensors whose storages' bytes are apart cannot share memory (the usual case, checked cheaply
+    # on every layer call); the strided check runs only for views of one buffer.
+    spans = {n: (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for n, t in present}
     for i, (name, t) in enumerate(present):
         if name not in written:
             break  # two inputs may share memory: nothing writes them
+        (start, nbytes) = spans[name]
         for other, u in present[i + 1:]:
-            if t.device == u.device and _may_share_bytes(*layouts[name], *layouts[other]):
+            other_start, other_nbytes = spans[other]
+            if t.device != u.device or start + nbytes <= other_start or other_start + other_nbytes <= start:
+                continue
+            if _may_share_bytes(*_byte_layout(t), *_byte_layout(u)):
                 raise ValueError(f"{name} must not overlap {other} in memory (shape {tuple(t.shape)}, strides "
                                  f"{t.stride()} and {tuple(u.shape)}, {u.stride()}, from one buffer): the kernels "
                                  f"write {name}, which would change {other} while it is in use; pass tensors that "

@@ -178,6 +178,12 @@ def ptr_or(t, stand_in):
     return stand_in if t is None or t.numel() == 0 else t
 
 
+_PARAMETERS: dict = {}
+
+
 def flags_for(kernel, problem) -> dict[str, bool]:
     """The problem's optional-input flags (problem.flags) that `kernel` takes as parameters."""
-    return {name: value for name, value in problem.flags.items() if name in kernel.arg_names}
+    names = _PARAMETERS.get(kernel)
+    if names is None:
+        names = _PARAMETERS[kernel] = frozenset(kernel.arg_names)
+    return {name: value for name, value in problem.flags.items() if name in names}
