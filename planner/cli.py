@@ -241,7 +241,8 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     first = args.first_budget or args.budget
     cap = "unbounded" if args.max_snapshots is None else f"at most {args.max_snapshots}"
     print(f"block {args.block_size}, budget {args.budget}, first budget {first}, interval "
-          f"{args.interval}" + (f", grid {args.grid}" if args.grid > 1 else "") + f"; snapshots {cap} ({args.eviction}); cost model "
+          f"{args.interval}" + (f", grid {args.grid}" if args.grid > 1 else "")
+          + f"; snapshots {cap} ({args.eviction}); cost model "
           f"{cost_model.per_token_ms:.4f} ms/token + {cost_model.per_pass_ms:g} ms/pass")
     print("computed: tokens prefilled; ssm replay: of those, tokens the KV cache held but the "
           "SSM state lacked;\nextra: passes beyond the cache-off plan; stored/evicted: "

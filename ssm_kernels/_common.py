@@ -500,7 +500,8 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
         name = "dst_state_indices"
         for b in live:
             if not in_range(targets[b]):
-                raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
+                raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with "
+                                 f"{nslots} slots")
     written = [targets[b] for b in live]
     if len(set(written)) != len(written):
         raise ValueError(f"{name} must be distinct over the rows that are not padding: two rows updating one "

@@ -242,8 +242,8 @@ def _run(args: argparse.Namespace, out) -> int:
             print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
                   .rstrip(), file=out)
     print("\nseed at full size: " + "; ".join(f"{p} restores at {r} and replays {n}"
-                                             for p, (r, n) in SEED_RESULT.items()) + f"\ndemo wall time {elapsed:.1f} s",
-          file=out)
+                                             for p, (r, n) in SEED_RESULT.items())
+          + f"\ndemo wall time {elapsed:.1f} s", file=out)
     return 0 if all(r[-1] == "yes" for rows in tables.values() for r in rows) else 1
 
 

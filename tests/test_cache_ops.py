@@ -233,7 +233,8 @@ def test_split_passes_through_the_cache_are_bit_identical():
     B, C = torch.randn(T, G, N), torch.randn(T, G, N)
     run = lambda xs, cu, slot, init, caps, cache, out: cache_ops.mamba2_prefill(
         cache_ops.prefill_batch(torch.tensor(cu), torch.tensor([slot]), has_initial_state=torch.tensor([init]),
-                             capture_seq=torch.tensor([0] * len(caps)), capture_offset=torch.tensor([k for k, _ in caps]),
+                             capture_seq=torch.tensor([0] * len(caps)),
+                             capture_offset=torch.tensor([k for k, _ in caps]),
                              capture_slot=torch.tensor([s for _, s in caps])),
         *xs, ssm_state=cache, out=out, dt_softplus=True)
     one, split = torch.zeros(4, H, P, N), torch.zeros(4, H, P, N)
@@ -263,11 +264,12 @@ def test_validation_names_the_argument():
     batch = cache_ops.prefill_batch(cu, torch.tensor([1, 2]))
     x = torch.randn(5, 2, 4)
     with pytest.raises(TypeError, match="out must have the input's dtype"):
-        cache_ops.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8), torch.randn(5, 1, 8),
-                              ssm_state=torch.zeros(3, 2, 4, 8), out=torch.empty(5, 2, 4, dtype=torch.bfloat16))
+        cache_ops.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8),
+                                 torch.randn(5, 1, 8), ssm_state=torch.zeros(3, 2, 4, 8),
+                                 out=torch.empty(5, 2, 4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="ssm_state must have shape"):
-        cache_ops.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8), torch.randn(5, 1, 8),
-                              ssm_state=torch.zeros(3, 2, 4, 9), out=torch.empty_like(x))
+        cache_ops.mamba2_prefill(batch, x, torch.randn(5, 2), -torch.rand(2), torch.randn(5, 1, 8),
+                                 torch.randn(5, 1, 8), ssm_state=torch.zeros(3, 2, 4, 9), out=torch.empty_like(x))
     with pytest.raises(TypeError, match="batch must be a PrefillBatch"):
         cache_ops.conv_prefill(cache_ops.decode_batch(torch.tensor([0])), torch.randn(4, 5), torch.randn(4, 3),
                             conv_state=torch.zeros(2, 4, 2), out=torch.empty(4, 5))

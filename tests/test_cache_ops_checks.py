@@ -28,7 +28,8 @@ def _mamba2(T):
 
 
 def _mamba1(T, dim=DIM):
-    return torch.randn(dim, T), torch.randn(dim, T) * 0.5, -(torch.rand(dim, N) + 0.5), torch.randn(N, T), torch.randn(N, T)
+    return (torch.randn(dim, T), torch.randn(dim, T) * 0.5, -(torch.rand(dim, N) + 0.5), torch.randn(N, T),
+            torch.randn(N, T))
 
 
 def test_decode_batch_refuses_a_row_writing_a_slot_another_row_reads():
@@ -177,8 +178,9 @@ def test_softplus_flags_must_be_bools():
 
 def test_conv_decode_names_a_wrong_out():
     with pytest.raises(ValueError, match=r"out must have 2 dimensions \(batch, dim\)"):
-        cache_ops.conv_decode(cache_ops.decode_batch(torch.tensor([0, 1])), torch.randn(2, DIM), torch.randn(DIM, WIDTH),
-                           conv_state=torch.zeros(2, DIM, WIDTH - 1), out=torch.empty(2, DIM, 1))
+        cache_ops.conv_decode(cache_ops.decode_batch(torch.tensor([0, 1])), torch.randn(2, DIM),
+                              torch.randn(DIM, WIDTH), conv_state=torch.zeros(2, DIM, WIDTH - 1),
+                              out=torch.empty(2, DIM, 1))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

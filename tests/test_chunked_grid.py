@@ -27,7 +27,8 @@ def piece(args, kw, lo, hi=None):
 
 def assert_equal(got, want, what):
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.equal(got, want), f"{what}: not bit-identical (max diff {(got.double() - want.double()).abs().max():.3e})"
+    assert torch.equal(got, want), \
+        f"{what}: not bit-identical (max diff {(got.double() - want.double()).abs().max():.3e})"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -174,7 +174,8 @@ def test_varlen_neighbours_and_dense_batch_change_nothing(layer):
     packed = layer(torch.cat([other, hidden, other[:, :1]], dim=1), cu_seqlens=torch.tensor([0, 5, 5, 16, 17]),
                    capture=[(2, 4), (0, 1)])
     assert torch.equal(packed.out[:, 5:16], alone.out)
-    assert torch.equal(packed.state.ssm[2], alone.state.ssm[0]) and torch.equal(packed.state.conv[2], alone.state.conv[0])
+    assert (torch.equal(packed.state.ssm[2], alone.state.ssm[0])
+            and torch.equal(packed.state.conv[2], alone.state.conv[0]))
     assert torch.equal(packed.snapshots[0].ssm, alone.snapshots[0].ssm)
     assert packed.state.positions == (5, 0, SEQLEN, 1)
     dense = layer(torch.cat([torch.randn_like(hidden), hidden]))
@@ -294,7 +295,8 @@ def test_bad_hidden_states_and_captures_are_rejected():
     with pytest.raises(ValueError, match="hidden_act must be 'silu'"):
         mamba2(hidden_act="gelu")
     for other in (mamba2(), mamba1()):
-        with pytest.raises(TypeError, match="hidden_states must have the layer's dtype torch.float32, got torch.bfloat16"):
+        with pytest.raises(TypeError,
+                           match="hidden_states must have the layer's dtype torch.float32, got torch.bfloat16"):
             other(torch.randn(1, 3, HIDDEN, dtype=torch.bfloat16))
         with pytest.raises(TypeError, match="hidden_states must have the layer's dtype"):
             other.step(torch.randn(1, HIDDEN, dtype=torch.bfloat16), other.initial_state())
@@ -314,7 +316,8 @@ def test_bad_hidden_states_and_captures_are_rejected():
     ("mamba2", dict(use_bias="no"), TypeError, r"use_bias must be a bool \(True or False\), got 'no'"),
     ("mamba2", dict(use_conv_bias=0), TypeError, "use_conv_bias must be a bool"),
     ("mamba2", dict(layer_norm_epsilon=-1e-5), ValueError, "layer_norm_epsilon must be > 0"),
-    ("mamba2", dict(time_step_min=0.5, time_step_max=0.1), ValueError, "time_step_min .* must not exceed time_step_max"),
+    ("mamba2", dict(time_step_min=0.5, time_step_max=0.1), ValueError,
+     "time_step_min .* must not exceed time_step_max"),
     ("mamba2", dict(time_step_floor="1e-4"), TypeError, "time_step_floor must be a finite real number"),
     ("mamba2", dict(time_step_limit=(1.0, 0.0)), ValueError, "dt_limit must satisfy min <= max"),
     ("mamba2", dict(backend="cuda"), ValueError, "backend must be one of"),

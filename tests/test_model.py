@@ -122,8 +122,9 @@ def test_integer_tensor_tokens_are_served_like_lists(model, references):
     (dict(mamba_heads=3, n_groups=2), ValueError, r"mamba_heads \(3\) must be a multiple of n_groups \(2\)"),
     (dict(state_size=1000), ValueError, "state_size 1000 is beyond the kernels' limit of 256"),
     # Sizes beyond the machine: refused before any weight is allocated.
-    (dict(vocab_size=10**12), ValueError, r"would have \d+ parameters \(2 x vocab_size 1000000000000 x hidden_size 64 "
-                                          r"in the embeddings and the LM head, .*\), more than the limit of 2147483648"),
+    (dict(vocab_size=10**12), ValueError, r"would have \d+ parameters \(2 x vocab_size 1000000000000 x "
+                                          r"hidden_size 64 in the embeddings and the LM head, .*\), "
+                                          r"more than the limit of 2147483648"),
     (dict(hidden_size=2**20, num_attention_heads=1), ValueError, "more than the limit of 2147483648"),
     (dict(num_layers=10**9), ValueError, "num_layers must be an int from 1 to 1024, got 1000000000"),
     (dict(seed=2**64), ValueError, "seed must be an int from 0 to 18446744073709551615, got 18446744073709551616"),

@@ -21,7 +21,8 @@ def test_incident_on_the_grid():
     inpass = plan_prefill(32772, policy="inpass", grid=256, **INCIDENT)
     assert inpass.passes[3].captures == (32512,)  # the tail split point one grid step below 32768
     byte_identical = inpass.warm_restore()
-    assert (byte_identical.restore_point, byte_identical.replay_tokens, byte_identical.grid_replay_tokens) == (32768, 4, 0)
+    assert (byte_identical.restore_point, byte_identical.replay_tokens,
+            byte_identical.grid_replay_tokens) == (32768, 4, 0)
     follow_up = inpass.warm_restore(shared_tokens=32760)  # match 32752, between grid points
     assert (follow_up.match, follow_up.restore_point, follow_up.grid_replay_tokens) == (32752, 32512, 240)
     assert plan_prefill(32772, policy="inpass", **INCIDENT).warm_restore(shared_tokens=32760).grid_replay_tokens == 0

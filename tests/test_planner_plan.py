@@ -280,7 +280,8 @@ def test_astronomical_plans_answer_at_once_or_are_refused():
     with pytest.raises(ValueError, match=r"every 512 tokens .* would be up to 195312499999999999, "
                                          r"more than the limit of 100000: raise interval"):
         plan_prefill(10**20, block_size=16, budget=10**20, interval=32, policy="free")
-    with pytest.raises(ValueError, match=r"passes .* would be up to 12500000000000000003, more than the limit of 100000"):
+    with pytest.raises(ValueError, match=r"passes .* would be up to 12500000000000000003, "
+                                         r"more than the limit of 100000"):
         plan_prefill(10**20, block_size=16, budget=16, policy="split")
     plan = plan_prefill(10**20, block_size=16, budget=10**20, interval=0, policy="free")
     assert [(p.start, p.length) for p in plan.passes] == [(0, 10**20)]

@@ -76,7 +76,8 @@ def test_batch_neighbours_and_captures_change_nothing(backend, device):
     # The same sequence as row 1 of a dense batch beside an unrelated row.
     dense_args = [torch.cat([torch.randn_like(a), a]) if a.ndim > 1 else a for a in alone_args]
     dense_kw = dict(alone_kw, z=torch.cat([torch.randn_like(alone_kw["z"]), alone_kw["z"]]),
-                    initial_states=torch.cat([torch.randn_like(alone_kw["initial_states"]), alone_kw["initial_states"]]))
+                    initial_states=torch.cat([torch.randn_like(alone_kw["initial_states"]),
+                                              alone_kw["initial_states"]]))
     dense = mamba2_scan(*dense_args, **dense_kw, capture=[(1, 5)], backend=backend)
     assert torch.equal(dense.y[1], alone.y[0]) and torch.equal(dense.final_states[1], alone.final_states[0])
     assert torch.equal(dense.captured_states[0], packed.captured_states[2])

@@ -66,8 +66,8 @@ def test_mamba2_prefill_matches_vllm_cpu_scan():
 def test_conv_prefill_matches_vllm_cpu_conv():
     from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
 
-    lengths, dim, width, nslots = [9, 2, 33], 48, 4, 6
-    qsl = torch.tensor([0, 9, 11, 44], dtype=torch.int32)
+    dim, width, nslots = 48, 4, 6
+    qsl = torch.tensor([0, 9, 11, 44], dtype=torch.int32)  # sequences of 9, 2 and 33 tokens
     slots = torch.tensor([2, -1, 4], dtype=torch.int32)  # the middle row is padding (PAD_SLOT_ID)
     has_init = torch.tensor([True, False, False])
     x = torch.randn(dim, 44)
@@ -92,7 +92,8 @@ def test_decode_matches_vllm_cpu_ops(padded):
     H, P, G, N, dim, width, nslots = 4, 16, 1, 32, 96, 4, 8
     slots = torch.tensor([5, 0, 2] if padded else [5, 1, 2], dtype=torch.int32)  # 0: NULL_BLOCK_ID
     x, dt = torch.randn(3, H, P), torch.randn(3, H)
-    A, B, C, D, dt_bias = -(torch.rand(H) + 0.5), torch.randn(3, G, N), torch.randn(3, G, N), torch.randn(H), torch.randn(H)
+    A, B, C = -(torch.rand(H) + 0.5), torch.randn(3, G, N), torch.randn(3, G, N)
+    D, dt_bias = torch.randn(H), torch.randn(H)
     state_vllm = torch.randn(nslots, H, P, N)
     ours = state_vllm.clone()
     out_vllm = torch.empty_like(x)

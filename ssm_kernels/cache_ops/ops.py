@@ -67,8 +67,8 @@ def _check_batch(batch, cls, device, cache_name, cache, ntokens=None, token_axis
     the kernels would write past the cache. Slots and tokens are checked where the batch read them
     back to the host (validate=True, CPU tensors or start_positions)."""
     if not isinstance(batch, cls):
-        raise TypeError(f"batch must be a {cls.__name__} (from ssm_kernels.cache_ops.{cls.__name__.lower()[:-5]}_batch), "
-                        f"got {type(batch).__name__}")
+        raise TypeError(f"batch must be a {cls.__name__} (from ssm_kernels.cache_ops."
+                        f"{cls.__name__.lower()[:-5]}_batch), got {type(batch).__name__}")
     if batch.seqs.cu_seqlens.device != device:
         raise ValueError(f"the batch is on {batch.seqs.cu_seqlens.device} but the tensors are on {device}")
     if ntokens is not None and ntokens != batch.seqs.count:

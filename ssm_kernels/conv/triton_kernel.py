@@ -123,7 +123,8 @@ def _conv_kernel(
         for j in tl.static_range(VEC):
             out = b_bias
             for k in tl.static_range(WIDTH):
-                b_w = tl.load(w_ptr + o_d1[:, None] * s_w_d + k * s_w_k, mask=o_d1[:, None] < dim, other=0.0).to(tl.float32)
+                b_w = tl.load(w_ptr + o_d1[:, None] * s_w_d + k * s_w_k, mask=o_d1[:, None] < dim,
+                              other=0.0).to(tl.float32)
                 out = tl.fma(b_w, window[VEC - (WIDTH - 1) + j + k], out)
             outs = outs + (out,)
         acc = _stack(outs, VEC)

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, halves, ptr_or,
-                       row_slots, sequence_span, strides_or_zeros)
+from .._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, halves,
+                       ptr_or, row_slots, sequence_span, strides_or_zeros)
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -393,8 +393,8 @@ def _scan_kernel(
 
 def launch_config(headdim: int, dstate: int, input_bits: int, a_per_state: bool = False,
                   gated: bool = False) -> tuple[int, int, int, int, int]:
-    """(R, J, PL, L, V) of a one-warp program (num_warps=1) for the model dimensions, the bits of B and C's dtype and the
-    layout (a_per_state: Mamba-1; gated: y gated by z): tiles of R * PL rows x J * L * V state
+    """(R, J, PL, L, V) of a one-warp program (num_warps=1) for the model dimensions, the bits of B and C's dtype and
+    the layout (a_per_state: Mamba-1; gated: y gated by z): tiles of R * PL rows x J * L * V state
     columns. A row's arithmetic does not depend on R.
 
     A thread owns R adjacent rows and ROW_RUN state columns of each: J runs of V columns, V being

@@ -69,7 +69,8 @@ def check_tokens(tokens, vocab_size: int) -> list[int]:
                     raise TypeError
                 ids.append(operator.index(token))
             except TypeError:
-                raise TypeError(f"tokens[{i}] must be an int token id, got {token!r} ({type(token).__name__})") from None
+                raise TypeError(f"tokens[{i}] must be an int token id, got {token!r} "
+                                f"({type(token).__name__})") from None
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ValueError(f"token ids must be in [0, {vocab_size}), got tokens[{bad}] = {ids[bad]}")

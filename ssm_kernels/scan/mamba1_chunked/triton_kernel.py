@@ -113,7 +113,6 @@ def _mamba1_chunk_kernel(
     # channel values are [CHUNK] vectors.
     o_n2 = tl.arange(0, NR)[:, None] * NL + tl.arange(0, NL)[None, :]  # [NR, NL]
     o_n = o_n2[:, :, None]
-    o_l = tl.arange(0, NL)[None, :, None]
     o_c = tl.arange(0, CHUNK)
     o_t = o_c[None, None, :]
     m_n2 = o_n2 < dstate
