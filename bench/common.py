@@ -144,6 +144,7 @@ class Timing:
     samples: int
     method: str
     gpu_ms: float | None = None  # the call's kernels alone (kernel_ms); CUDA only
+    host_ms: float | None = None  # the host's part of a call (host_ms); CUDA only
 
 
 @dataclass
@@ -174,7 +175,7 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
         ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
         samples = max(1, int(rep / estimate))
         return Timing(float(ms), samples, f"do_bench median (warmup {warmup:g} ms, rep {rep:.0f} ms)",
-                      kernel_ms(fn)), result
+                      kernel_ms(fn), host_ms(fn)), result
     if single_cpu_run:
         t0 = time.perf_counter()
         result = fn()
@@ -189,6 +190,20 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
 
 
 KERNEL_TIME_RUNS = 10
+
+
+def host_ms(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> float:
+    """Host time of one call of `fn` (argument checks, planning, launches; kernels run
+    asynchronously): the median wall time of `runs` calls, each started on an idle GPU and not
+    waiting for it. A call that waits for the GPU itself (a copy to the host) counts that wait."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def kernel_ms(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> float:

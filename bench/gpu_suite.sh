@@ -1,31 +1,28 @@
 #!/usr/bin/env bash
-# The GPU suite, one call on an H200, well inside 7 minutes. Steps, most wanted first, so that the
-# time limit cuts the secondary ones:
+# The GPU suite: one device call on an H200, within about 7 minutes (SUITE_BUDGET_S, default 400).
 #   1. nvidia-smi and the Python/torch/triton/peer versions;
-#   2. the GPU-only tests and the bitwise tests on the compiled kernels (test_model_size_on_gpu,
-#      tests/test_chunked_grid.py and tests/test_scan_exactness.py);
-#   3. python -m bench.accuracy (every mamba2_scan path against float64), then python -m bench.scan
-#      at the standard shapes, peers included where importable;
-#   4. python -m bench.serve (simulator, one layer's plans, the hybrid model);
-#   5. python -m bench.vllm on CUDA vLLM (plugin off and on, a Mamba-2 and a Mamba-1 hybrid) when
-#      vLLM is importable, results in $OUT/vllm; skipped, saying so, when it is not (or in a dry run);
-#   6. the other kernel tests on CUDA (KERNEL_TESTS), in the time left (pytest -v, as step 2, so that a
-#      cut run still names each test it finished);
-#   7. the short tables, last.
+#   2. tests: every test file that runs a kernel (python -m bench.gpu_tests: all of tests/ but the
+#      pure-Python ones; kernels, layers, engine, adapters, exactness, and the gpu-marked
+#      model-size tests) on CUDA, in SHARDS parallel pytest processes (default 8: compiling each
+#      file's kernel specialisations takes the time, on one CPU core per process), each cut at
+#      TESTS_S seconds (default 200); logs/tests-<k>.log (pytest -v, so a cut shard still names each
+#      test it finished);
+#   3. python -m bench.accuracy (every mamba2_scan path against float64);
+#   4. the headline: python -m bench.scan --seqlens 8192 32768 --no-varlen (and --sections): recurrent and chunked
+#      passes at batch 1 with the peers at the three Mamba-2 shapes and Mamba-1 (call, kernel and
+#      host time per call), 8 captures spread and 8 at chunk starts, the grid split, the crossover,
+#      decode at batch 1..256; a soft budget, and a hard timeout (SIGTERM: it writes what it measured);
+#   5. python -m bench.serve in the time left (SERVE_S, default 60), then the short tables, last.
 # Everything goes to $OUT (default bench/results/<UTC date>-gpu; a dry run: -gpu-reduced or
 # -cpu-reduced): scan.json/.md, scan_*.png, serve.json/.md, serve_*.png, logs/*.log and
 # logs/steps.tsv (step, exit status, seconds).
 #
-# Time: the whole suite gets SUITE_BUDGET_S seconds (default 390); the first tests are capped at
-# PYTEST_TIMEOUT (default 60). The benchmarks get what is left but KERNEL_TESTS_S (default 40),
-# with a soft budget (measurements not started in time are recorded as skipped) and a hard timeout
-# (SIGTERM: they write what they measured, marked incomplete). Timing: do_bench medians, warmup
-# 10 ms, rep 50 ms (5 x one call for slower calls, at most 1 s), and each pass's kernels alone
-# (torch.profiler); transformers' Mamba-1 loop runs up to 8192 tokens only, its Mamba-2 path up
-# to 2048.
+# Peers: a folder $PEERS (default .peers) is put first on PYTHONPATH (pure-Python mamba_ssm and fla,
+# bench/README.md says how to make it). A copy of the tree without .git should pass BENCH_COMMIT=<sha>.
 #
-# Dry run (CI, any machine): bench/gpu_suite.sh --dry-run (or REDUCED=1): no pytest, reduced
-# benchmarks (on CPU: small shapes, PyTorch path and Triton interpreter, labelled CPU).
+# Dry run (CI, any machine): bench/gpu_suite.sh --dry-run (or REDUCED=1): step 2 lists the tests it
+# would run (pytest --collect-only into logs/tests.txt) without running them; the benchmarks run
+# reduced (on CPU: small shapes, PyTorch path and Triton interpreter, labelled CPU).
 # Other flags: --quick (fewer shapes, shorter timing). Exit status: 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,12 +40,14 @@ done
 [ "$DRY_RUN" = "0" ] || DRY_RUN=1
 
 PY=${PYTHON:-python3}
-BUDGET=${SUITE_BUDGET_S:-390}
-PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-60}
-KERNEL_TESTS_S=${KERNEL_TESTS_S:-40}
-# The kernel tests worth running on CUDA (the rest are pure Python, or count under the interpreter).
-KERNEL_TESTS="tests/test_chunked.py tests/test_scan_accuracy.py tests/test_mamba1_chunked.py tests/test_conv.py
-  tests/test_scan_inputs.py tests/test_mamba_ssm_compat.py tests/test_layers.py tests/test_model_chunked.py"
+BUDGET=${SUITE_BUDGET_S:-400}
+SHARDS=${SHARDS:-8}
+TESTS_S=${TESTS_S:-200}
+SERVE_S=${SERVE_S:-60}
+PEERS=${PEERS:-.peers}
+# Shards balanced by each file's compile seconds, measured without a GPU (bench/README.md).
+WEIGHTS=${WEIGHTS:-bench/results/2026-12-01-compile/compile.json}
+[ -d "$PEERS" ] && export PYTHONPATH="$(realpath "$PEERS")${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$DRY_RUN" = 1 ]; then REDUCED_FLAG="--reduced"; else REDUCED_FLAG=""; fi
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then KIND=gpu; else KIND=cpu; fi
 [ "$DRY_RUN" = 1 ] && KIND=$KIND-reduced
@@ -56,8 +55,7 @@ OUT=${OUT:-bench/results/$(date -u +%Y-%m-%d)-$KIND}
 mkdir -p "$OUT/logs"
 STEPS="$OUT/logs/steps.tsv"
 printf 'step\tstatus\tseconds\n' > "$STEPS"
-# The benchmarks record `git rev-parse HEAD` (and whether the tree differs); a copy of the tree
-# without .git (a device machine) should pass BENCH_COMMIT=<sha>.
+# The benchmarks record `git rev-parse HEAD` (and whether the tree differs); BENCH_COMMIT overrides.
 COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 FAILED=0
 
@@ -79,65 +77,56 @@ echo "=== gpu_suite: out=$OUT dry_run=$DRY_RUN budget=${BUDGET}s commit=$COMMIT"
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi; else echo "nvidia-smi: not found"; fi
-  "$PY" - <<'EOF'
-import importlib.metadata as md, platform, torch, triton
+  "$PY" - <<'PYEOF'
+import importlib.metadata as md, os, platform, torch, triton
 print("python", platform.python_version(), "| torch", torch.__version__, "| triton", triton.__version__,
-      "| cuda", torch.version.cuda, "| device", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+      "| cuda", torch.version.cuda, "| device", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+      "| cpus", os.cpu_count())
 for dist in ("mamba-ssm", "fla-core", "flash-linear-attention", "transformers", "numpy", "matplotlib"):
     try:
         print(f"  {dist} {md.version(dist)}")
     except md.PackageNotFoundError:
-        print(f"  {dist} absent")
-EOF
+        print(f"  {dist} absent (a pure-Python copy may be on PYTHONPATH)")
+PYEOF
 } 2>&1 | tee "$OUT/logs/env.log"
 
-PYTEST=("$PY" -m pytest -v -p no:cacheprovider)
+# 2. The tests that run a kernel: listed (and, on a GPU, run in parallel shards).
+mapfile -t SELECTED < <("$PY" -m bench.gpu_tests)
 if [ "$DRY_RUN" = 1 ]; then
-  echo "=== pytest: skipped in a dry run (CI runs the tests itself)"
-  printf 'pytest\tskipped\t0\n' >> "$STEPS"
+  step tests-listed tests.txt 300 "$PY" -m pytest --collect-only -q -p no:cacheprovider "${SELECTED[@]}"
 else
-  step pytest pytest.log "$PYTEST_TIMEOUT" "${PYTEST[@]}" tests/test_chunked.py::test_model_size_on_gpu \
-    tests/test_chunked_grid.py tests/test_scan_exactness.py
+  echo "=== tests: ${#SELECTED[@]} files in $SHARDS shards (limit ${TESTS_S}s each)"
+  began=$SECONDS pids=() k=0
+  while read -r files; do
+    k=$((k + 1))
+    # shellcheck disable=SC2086 # a shard is a list of paths
+    timeout --signal=TERM --kill-after=15 "$TESTS_S" "$PY" -m pytest -v -rfE -p no:cacheprovider $files \
+      > "$OUT/logs/tests-$k.log" 2>&1 &
+    pids+=($!)
+  done < <("$PY" -m bench.gpu_tests --shards "$SHARDS" ${WEIGHTS:+$([ -f "$WEIGHTS" ] && echo --weights "$WEIGHTS")})
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rc=$?
+    [ "$rc" = 0 ] || FAILED=1
+    printf 'tests-%s\t%s\t%s\n' "$((i + 1))" "$rc" "$((SECONDS - began))" >> "$STEPS"
+    echo "tests-$((i + 1)) (exit $rc): $(tail -n 1 "$OUT/logs/tests-$((i + 1)).log")"
+  done
+  grep -h -E "^(FAILED|ERROR) " "$OUT"/logs/tests-*.log || true
 fi
 
-# Accuracy of every mamba2_scan path against float64 (the compiled kernels on a GPU).
-step accuracy accuracy.log 120 "$PY" -m bench.accuracy
+# 3. Accuracy of every mamba2_scan path against float64 (the compiled kernels on a GPU).
+step accuracy accuracy.log 300 "$PY" -m bench.accuracy
 
-# vLLM (CUDA) with and without the plugin runs last, when it is installed and this is no dry run.
-HAVE_VLLM=0
-if [ "$DRY_RUN" = 0 ] && "$PY" -c 'import vllm' >/dev/null 2>&1; then HAVE_VLLM=1; fi
-VLLM_RESERVE=0
-[ "$HAVE_VLLM" = 1 ] && VLLM_RESERVE=${VLLM_RESERVE_S:-150}
-TESTS_RESERVE=$KERNEL_TESTS_S
-[ "$DRY_RUN" = 1 ] && TESTS_RESERVE=0
-
-# The benchmarks share what is left: scan first, leaving SERVE_RESERVE for serve and the summary.
-SERVE_RESERVE=${SERVE_RESERVE:-80}
-limit=$(( $(left) - SERVE_RESERVE - VLLM_RESERVE - TESTS_RESERVE ))
+# 4. The headline rows, then 5. serve in what is left.
+limit=$(( $(left) - SERVE_S - 10 ))
 [ "$limit" -lt 60 ] && limit=60
-step scan scan.log "$limit" "$PY" -m bench.scan $REDUCED_FLAG $QUICK --out "$OUT" --time-budget $((limit - 40))
-limit=$(( $(left) - 10 - VLLM_RESERVE - TESTS_RESERVE ))
+SCAN_ARGS=()
+[ "$DRY_RUN" = 1 ] || SCAN_ARGS=(--seqlens 8192 32768 --no-varlen --sections scan,captures,grid_split,crossover,decode)
+step scan scan.log "$limit" "$PY" -m bench.scan $REDUCED_FLAG $QUICK "${SCAN_ARGS[@]}" --out "$OUT" \
+  --time-budget $((limit - 40))
+limit=$(( $(left) - 10 ))
 [ "$limit" -lt 30 ] && limit=30
 step serve serve.log "$limit" "$PY" -m bench.serve $REDUCED_FLAG $QUICK --out "$OUT" --time-budget $((limit * 2 / 3))
-
-if [ "$HAVE_VLLM" = 1 ]; then
-  limit=$(( $(left) - 10 - TESTS_RESERVE ))
-  [ "$limit" -lt 60 ] && limit=60
-  step vllm vllm.log "$limit" "$PY" -m bench.vllm --out "$OUT/vllm" --rounds 3 --models granite jamba \
-    --configs vllm-align plugin-align
-else
-  why="vLLM is not installed for $PY"
-  [ "$DRY_RUN" = 1 ] && why="dry run"
-  echo "=== vllm: skipped ($why; pip install vllm next to this project to measure it)"
-  printf 'vllm\tskipped\t0\n' >> "$STEPS"
-fi
-
-if [ "$DRY_RUN" = 0 ]; then
-  limit=$(( $(left) - 5 ))
-  [ "$limit" -lt 20 ] && limit=20
-  # shellcheck disable=SC2086 # KERNEL_TESTS is a list of paths
-  step kernel-tests kernel_tests.log "$limit" "${PYTEST[@]}" $KERNEL_TESTS
-fi
 
 echo "=== summary (suite took ${SECONDS}s)"
 "$PY" -m bench.summary "$OUT" || FAILED=1

@@ -208,7 +208,7 @@ def _pivot(rows, col, value, scale=1):
         cells.setdefault((r["model"], _series(r)), {})[r[col]] = fmt(r[value] * scale)
     if not cells:
         return ""
-    columns.sort()
+    columns.sort(key=lambda c: (isinstance(c, str), c))  # numbers, then labels ("8 grid" captures)
     return text_table(["model", "impl"] + [str(c) for c in columns],
                       [[m, i] + [v.get(c, "") for c in columns] for (m, i), v in cells.items()])
 

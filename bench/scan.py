@@ -1,16 +1,14 @@
 """Scan benchmarks: ``python -m bench.scan [--reduced] [--quick] [--out DIR] [--time-budget S]
-[--seqlens N ...] [--sections A,B]``.
-
-Sections (run in the order that keeps the most wanted figures first when a time budget cuts the
-run short: the longer passes at batch 1, captures and the grid split, then the rest):
+[--seqlens N ...] [--sections A,B] [--no-varlen]``. Sections, the most wanted first (a time budget
+cuts the rest: the longer passes at batch 1, captures and the grid split, then the rest):
 
 1. copy bandwidth (the roofline's denominator, see bench.workloads);
 2. scan passes: mamba2_scan / mamba1_scan at the standard layer shapes, batch 1 and a varlen
    batch of 16 mixed lengths (the same total tokens), per backend and algorithm, and the peers
    at the same inputs (their outputs checked against ours first);
-3. algorithm crossover: recurrent against chunked over pass lengths (when mamba2_scan has an
-   `algorithm` keyword);
-4. capture overhead: one pass with 0, 1, 8 and 64 in-pass captures;
+3. algorithm crossover: recurrent against chunked over pass lengths;
+4. capture overhead: one pass with 0, 1, 8 and 64 captures spread evenly, and (chunked) 8 at chunk
+   starts ("8 grid");
 5. in-pass capture against two passes split at the tail split point (planner.tail_split_point);
 6. grid split (chunked): one pass against two passes split at a multiple of the chunk size, timed,
    and whether y and the final state are bit-identical (the chunked scan's grid guarantee, checked
@@ -18,7 +16,7 @@ run short: the longer passes at batch 1, captures and the grid split, then the r
 7. decode: selective_state_update at batch 1 .. 256, and the peers' decode steps.
 
 Outputs under --out: scan.json (every figure, the environment, the peers' status), scan.md,
-scan_throughput.png (tokens/s against sequence length per kernel, with the roofline) and
+scan_throughput.png (tokens/s against sequence length per kernel, with the roofline),
 scan_decode.png. Without CUDA everything runs reduced and is labelled CPU.
 """
 from __future__ import annotations
@@ -121,6 +119,7 @@ class ScanBench:
         self.cfg = Config.make(args.reduced or device.type != "cuda", args.quick, device.type == "cuda")
         if args.seqlens:
             self.cfg.seqlens = tuple(sorted(set(args.seqlens)))
+        self.varlen = not args.no_varlen
         self.sections = set(args.sections) if args.sections else None
         self.budget = Budget(args.time_budget)
         self.out = common.output_dir(args, device)
@@ -163,8 +162,8 @@ class ScanBench:
             row.update(status=error.split(":")[0], note=error)
             return row
         roofline_ms = nbytes / (self.bw["GBps"] * 1e6)
-        if timing.gpu_ms is not None:
-            row.update(gpu_ms=timing.gpu_ms, gpu_roofline_fraction=roofline_ms / timing.gpu_ms)
+        if timing.gpu_ms is not None:  # CUDA: the kernels alone, and the host's part of the call
+            row.update(gpu_ms=timing.gpu_ms, gpu_roofline_fraction=roofline_ms / timing.gpu_ms, host_ms=timing.host_ms)
         row.update(status="ok", ms=timing.ms, samples=timing.samples, timing=timing.method, bytes=nbytes,
                    tokens=tokens, tokens_per_s=tokens / (timing.ms / 1e3), GBps=nbytes / (timing.ms * 1e6),
                    roofline_ms=roofline_ms, roofline_fraction=roofline_ms / timing.ms)
@@ -289,6 +288,17 @@ class ScanBench:
                 self.results["crossover"].append(self.fill(row, timing, error, wl.pass_bytes(shape, n, 1, ELT), n))
         self.save()
 
+    def capture_placements(self, seqlen, alg):
+        """(label, offsets) of each capture row: none, then each count spread evenly over the pass;
+        for the chunked scan also 8 at chunk starts spread over the pass ("8 grid", where a grid
+        planner puts them; as bench.static_workloads places its grid captures)."""
+        out = [(count, [round(seqlen * (i + 1) / (count + 1)) for i in range(count)])
+               for count in (0, *self.cfg.capture_counts)]
+        chunk = self.cfg.chunk_size or DEFAULT_CHUNK_SIZE
+        if alg == "chunked" and seqlen // chunk >= 8:
+            out.append(("8 grid", [k * (seqlen // chunk) // 8 * chunk for k in range(8)]))
+        return out
+
     def captures(self):
         for shape in self.cfg.shapes:
             for backend, label, interp in self.cfg.backends(shape):
@@ -296,22 +306,22 @@ class ScanBench:
                 inp = self.inputs(shape, seqlen)
                 for alg in self.algs[shape.kind]:
                     base = None
-                    for count in (0, *self.cfg.capture_counts):
+                    for count, offsets in self.capture_placements(seqlen, alg):
                         row = dict(section="captures", model=shape.name, kind=shape.kind, backend=label,
                                    algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", captures=count)
-                        if count >= seqlen:
+                        if len(offsets) >= seqlen:
                             row.update(status="n/a", note=f"n/a: {count} captures in a {seqlen}-token pass")
                             self.results["captures"].append(row)
                             continue
-                        offsets = [round(seqlen * (i + 1) / (count + 1)) for i in range(count)]
                         fn = self.our_scan(shape, inp, backend, alg, capture=[(0, k) for k in offsets])
                         timing, _, error = self.timed(fn, interp)
-                        self.fill(row, timing, error, wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=count), seqlen)
+                        self.fill(row, timing, error, wl.pass_bytes(shape, seqlen, 1, ELT, ncapture=len(offsets)),
+                                  seqlen)
                         if timing is not None and count == 0:
                             base = timing
                         elif timing is not None and base:
                             row["vs_no_capture"] = timing.ms / base.ms
-                            row["us_per_capture"] = (timing.ms - base.ms) * 1e3 / count
+                            row["us_per_capture"] = (timing.ms - base.ms) * 1e3 / len(offsets)
                             if timing.gpu_ms is not None:
                                 row["gpu_vs_no_capture"] = timing.gpu_ms / base.gpu_ms
                         self.results["captures"].append(row)
@@ -440,11 +450,13 @@ class ScanBench:
         # the grid split), so that a budget cut costs the secondary figures; the longest last.
         shortest, *longer = self.cfg.seqlens
         middle, longest = longer[:-1], longer[-1:]
+        if not self.varlen:  # batch 1 only: every pass length first, shortest first
+            middle, longest, shortest, longer = list(self.cfg.seqlens), [], None, []
         sections = [("copy_bandwidth", "copy_bandwidth", self.copy_bandwidth),
                     ("scan", f"scan {middle}, batch 1", lambda: self.scan_lengths(middle, (False,))),
                     ("captures", "captures", self.captures), ("grid_split", "grid_split", self.grid_split),
                     ("scan", f"scan {longest}, batch 1", lambda: self.scan_lengths(longest, (False,))),
-                    ("scan", f"scan {shortest}", lambda: self.scan_lengths([shortest])),
+                    ("scan", f"scan {shortest}", lambda: self.scan_lengths([shortest] if shortest else [])),
                     ("scan", f"scan {longer}, varlen", lambda: self.scan_lengths(longer, (True,))),
                     ("crossover", "crossover", self.crossover),
                     ("inpass_vs_split", "inpass_vs_split", self.inpass_vs_split), ("decode", "decode", self.decode)]
@@ -483,6 +495,7 @@ def add_args(parser) -> None:
                         help="pass lengths (default: the standard ones, or the reduced ones)")
     parser.add_argument("--sections", type=_sections, default=None, metavar="A,B",
                         help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)}")
+    parser.add_argument("--no-varlen", action="store_true", help="batch 1 only (no varlen batches)")
 
 
 def main(argv=None) -> int:

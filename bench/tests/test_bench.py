@@ -1,9 +1,11 @@
 """The benchmarks' reduced mode, as CI runs it: bench/gpu_suite.sh --dry-run into a temporary
-folder (bench.scan and bench.serve reduced, then the summary), and the pieces it is built from.
+folder (the tests it would run on a GPU listed, bench.scan and bench.serve reduced, then the
+summary), and the pieces it is built from.
 
 On CPU every output must be labelled CPU; on a GPU machine the same run is reduced but labelled
 with the GPU (the GPU suite itself leaves this file out: it runs the benchmarks at full size).
 """
+import ast
 import importlib.util
 import json
 import os
@@ -13,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from bench import gpu_tests
 from bench import workloads as wl
 from bench.common import REPO_ROOT as ROOT
 from bench.common import markdown_table
@@ -42,7 +45,7 @@ def test_dry_run_succeeds_and_prints_the_short_tables_last(dry_run):
 def test_dry_run_writes_every_file(dry_run):
     out, _ = dry_run
     for name in ("scan.json", "scan.md", "serve.json", "serve.md", "logs/steps.tsv", "logs/env.log",
-                 "logs/accuracy.log", "logs/scan.log", "logs/serve.log"):
+                 "logs/tests.txt", "logs/accuracy.log", "logs/scan.log", "logs/serve.log"):
         assert (out / name).stat().st_size > 0, name
     pngs = ("scan_throughput.png", "scan_decode.png", "serve_policies.png", "serve_measured.png")
     if HAS_MATPLOTLIB:
@@ -50,6 +53,42 @@ def test_dry_run_writes_every_file(dry_run):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     else:
         assert "matplotlib is not installed" in (out / "scan.md").read_text()
+
+
+def runs_a_kernel(path) -> bool:
+    """Whether a test file imports the kernels, layers or model (ssm_kernels, ssm_serving)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return bool(names & {"ssm_kernels", "ssm_serving"})
+
+
+def test_dry_run_lists_every_test_that_runs_a_kernel(dry_run):
+    """The suite's test step as a dry run lists it (pytest --collect-only): not empty, every test
+    file that imports a kernel, layer or model there with its tests, the gpu-marked model-size
+    tests there too, and what it leaves out pure Python."""
+    out, _ = dry_run
+    listed = [line for line in (out / "logs" / "tests.txt").read_text().splitlines() if "::" in line]
+    files = {line.split("::")[0] for line in listed}
+    kernel_files = {f"tests/{p.name}" for p in sorted((ROOT / "tests").glob("test_*.py")) if runs_a_kernel(p)}
+    assert len(kernel_files) >= 10 and kernel_files <= files, sorted(kernel_files - files)
+    assert set(gpu_tests.selected()) == files
+    assert {"tests/test_chunked.py::test_model_size_on_gpu[dtype0]",
+            "tests/test_scan_exactness.py::test_model_size_split_is_bitwise_on_gpu"} <= set(listed)
+    left_out = [ROOT / "tests" / name for name in gpu_tests.PURE_PYTHON]
+    assert all(p.exists() and not runs_a_kernel(p) for p in left_out), left_out
+
+
+def test_shards_hold_each_selected_file_once():
+    files = gpu_tests.selected()
+    for n in (1, 3, 8, 100):
+        groups = gpu_tests.shards(files, n)
+        assert len(groups) == min(n, len(files)) and sorted(f for g in groups for f in g) == sorted(files)
+    weights = {f: 1.0 for f in files} | {files[0]: 100.0}
+    assert [files[0]] in gpu_tests.shards(files, 2, weights)  # the heavy file alone
 
 
 def test_scan_json_is_complete_and_labelled(dry_run):
@@ -83,7 +122,7 @@ def test_scan_json_is_complete_and_labelled(dry_run):
     if hf:  # transformers installed: its PyTorch path agrees with ours on the same inputs
         assert all(r["check_rel_err_y"] < 5e-2 and r["check_rel_err_state"] < 5e-2 for r in hf), hf
     caps = {r["captures"] for r in data["captures"] if r["status"] == "ok"}
-    assert {0, 1, 8, 64} <= caps
+    assert {0, 1, 8, 64, "8 grid"} <= caps
     assert all(r["ratio"] > 0 for r in data["inpass_vs_split"] if r["status"] == "ok")
     grid = [r for r in data["grid_split"] if r["status"] == "ok"]
     assert {r["backend"] for r in grid} == ({"triton"} if CUDA else {"torch", "triton-interpreter"})

@@ -66,3 +66,29 @@ def test_a_call_is_modelled_from_its_launches_and_counts(launch, counted):
     assert m["time_ms"] == max(m[f"{k}_ms"] for k in ("memory", "tensor", "issue", "latency")) > 0
     with pytest.raises(RuntimeError, match="differ from the recorded ones"):
         calls.model_call([launch, launch], counts.extrapolate(counted, SIZE), SIZE, per_token=False)
+
+
+def test_specialisations_of_a_test_run_are_recorded_and_compiled(tmp_path):
+    """`python -m triton_static.specs`: a pytest run's launches under the interpreter, recorded per
+    test file, then bound and compiled for sm_90a: two row widths of one alignment share a
+    specialisation unless one is not a multiple of 16."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    test = tmp_path / "test_toy.py"
+    test.write_text("import torch\nimport toy_kernels\n\n\ndef test_rows():\n"
+                    "    for n in (64, 128, 100):\n        toy_kernels.row_sum(torch.zeros(4, n))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "TRITON_DEFAULT_FP_FUSION": "1"}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "triton_static.specs", *args], env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    recorded = run("record", str(tmp_path / "specs.pkl"), "--", "-q", "-p", "no:cacheprovider", str(test))
+    assert recorded.returncode == 0 and "3 distinct launches" in recorded.stdout, recorded.stdout + recorded.stderr
+    compiled = run("compile", str(tmp_path / "specs.pkl"), "--json", str(tmp_path / "c.json"))
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["specialisations"] == 2 and set(result["per_kernel"]) == {"_row_sum"}
+    assert result["per_kernel"]["_row_sum"]["compile_s"] > 0
+    assert {f.rsplit("/", 1)[-1] for f in result["per_file"]} == {"test_toy.py"}
