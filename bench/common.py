@@ -231,7 +231,7 @@ def copy_bandwidth(device: torch.device, opts: TimingOptions, nbytes: int | None
     dst = torch.empty_like(src)
     timing, _ = time_fn(lambda: dst.copy_(src), device, opts)
     moved = 2 * nbytes
-    del src, dst
+    src = dst = None  # free the buffers before the caller allocates again
     return {"buffer_bytes": nbytes, "bytes_moved": moved, "ms": timing.ms,
             "GBps": moved / (timing.ms * 1e6), "method": timing.method,
             "what": "dst.copy_(src) on one device; bytes read + written"}

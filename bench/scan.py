@@ -325,7 +325,7 @@ class ScanBench:
                             if timing.gpu_ms is not None:
                                 row["gpu_vs_no_capture"] = timing.gpu_ms / base.gpu_ms
                         self.results["captures"].append(row)
-                del inp
+                inp = None  # free this batch's inputs before the next one allocates
         self.save()
 
     def inpass_vs_split(self):
@@ -373,8 +373,8 @@ class ScanBench:
                 for backend, label, interp in self.cfg.backends(shape):
                     if (interp and seqlen > self.cfg.interp_seqlen) or split == 0:
                         continue
-                    row = dict(section="grid_split", model=shape.name, backend=label, algorithm=self.alg_label("chunked"),
-                               seqlen=seqlen, batch="1", split=split)
+                    row = dict(section="grid_split", model=shape.name, backend=label,
+                               algorithm=self.alg_label("chunked"), seqlen=seqlen, batch="1", split=split)
                     (t1, r1, e1), (t2, r2, e2) = self.one_and_two_passes(
                         shape, inp, (first, second), split, backend, "chunked", interp)
                     if t1 and t2:
@@ -436,7 +436,7 @@ class ScanBench:
                     timing, _, error = self.timed(peers_mod.decode_step(peer.ops[op], peer_inp))
                     row = dict(base, impl=name, backend="torch" if name == peers_mod.HF else "triton")
                     self.results["decode"].append(self.fill(row, timing, error, nbytes, batch))
-                del inp
+                inp = None  # free this batch's inputs before the next one allocates
         self.save()
 
     def scan_lengths(self, seqlens, batches=(False, True)):
@@ -486,7 +486,8 @@ def _sections(text: str) -> list[str]:
     names = text.split(",")
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown section(s) {', '.join(unknown)}; the sections: {', '.join(SECTIONS)}")
+        raise argparse.ArgumentTypeError(f"unknown section(s) {', '.join(unknown)}; "
+                                         f"the sections: {', '.join(SECTIONS)}")
     return names
 
 

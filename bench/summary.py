@@ -50,7 +50,8 @@ def readme_block(folder: Path, scan: dict, serve: dict | None) -> str:
     lines = [f"Latest GPU run: {env['date'][:10]}, {env['device_name']}, torch {env['torch']}, "
              f"triton {env['triton']}, commit `{commit}` ([scan tables]({where}/scan.md)"
              + (f", [serving tables]({where}/serve.md)" if serve else "") + ")."
-             + (" Incomplete: it ran out of time, so only the rows shown were measured." if scan.get("incomplete") else ""),
+             + (" Incomplete: it ran out of time, so only the rows shown were measured."
+                if scan.get("incomplete") else ""),
              ""]
     if any(r.get("gpu_ms") is not None for r in _ok(scan["scan"])):
         lines += ["Scan pass time in ms, the pass's kernels alone (torch.profiler; fraction of the copy-bandwidth "

@@ -243,7 +243,8 @@ def report(results: list[dict], env: dict, out: Path) -> str:
         if s:
             cold, cold_cpu = s["cold"]["seconds"], s["cold"]["thread_seconds"]
             times.append([res["model"], res["config"], cold, cold_cpu]
-                         + [f"{s[n]['seconds'] / cold:.2f} / {s[n]['thread_seconds'] / cold_cpu:.2f}" for n in REQUESTS[1:]])
+                         + [f"{s[n]['seconds'] / cold:.2f} / {s[n]['thread_seconds'] / cold_cpu:.2f}"
+                            for n in REQUESTS[1:]])
     headers = ["model", "config"] + [f"{name}: passes / cached" for name in REQUESTS] + ["error"]
     time_headers = ["model", "config", "cold s", "cold thread CPU s"] + [f"{n}/cold (wall / CPU)" for n in REQUESTS[1:]]
     lines = header_lines(env, "vLLM with and without the plugin") + [

@@ -254,5 +254,6 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
     assert rows["mamba2_scan chunked", True]["error"] == pytest.approx(0.2 / 0.4)
     assert rows["mamba2_scan chunked + 8 grid captures", False]["error"] == pytest.approx(0.2 / 0.5)
     (ratio,) = sc.ratios(list(rows.values()))
-    assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]  # measured, then, then / measured, report, report / measured
+    # measured, then, then / measured, report, report / measured
+    assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]
     assert "measured at" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)

@@ -209,7 +209,8 @@ def cubin_registers(cubin: bytes) -> int:
 
 _LINE = re.compile(r'//## File "(?P<file>[^"]+)", line (?P<line>\d+)'
                    r'(?: inlined at "(?P<at_file>[^"]+)", line (?P<at_line>\d+))?')
-_INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)\s*(?P<rest>[^;]*);")
+_INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<pred>@!?U?P\w+\s+)?"
+                    r"(?P<op>[A-Z][A-Z0-9_.]*)\s*(?P<rest>[^;]*);")
 _LABEL = re.compile(r"^(?P<label>\.L_x_\d+):")
 _TARGET = re.compile(r"`\((?P<label>\.L_x_\d+)\)")
 _HIGH_WORD = re.compile(r"^/\* (?P<word>0x[0-9a-f]{16}) \*/$")  # an instruction's second line under -hex
