@@ -123,6 +123,18 @@ def test_vllm_cpu_without_the_plugin_fails_where_the_plugin_serves(models, workd
     assert jamba["error"] and "selective_scan_fwd" in jamba["error"], jamba["error"]
 
 
+def _refused_install(plugin, monkeypatch, caplog) -> int:
+    """install() run afresh: refused; the number of its warnings (one record, which the handler
+    added here may see a second time through the root logger)."""
+    monkeypatch.setitem(plugin._state, "installed", False)
+    plugin.logger.addHandler(caplog.handler)  # vLLM's logger tree may not propagate to the root
+    try:
+        assert plugin.install() is False
+    finally:
+        plugin.logger.removeHandler(caplog.handler)
+    return len({id(r) for r in caplog.records if "leaving vLLM's own Mamba kernels" in r.getMessage()})
+
+
 def test_plugin_leaves_an_unknown_vllm_alone(monkeypatch, caplog):
     """Another vLLM version: one warning, nothing patched (vLLM's own kernels run)."""
     import vllm
@@ -132,15 +144,9 @@ def test_plugin_leaves_an_unknown_vllm_alone(monkeypatch, caplog):
 
     before = MambaMixer2.conv_ssm_forward
     monkeypatch.setattr(vllm, "__version__", "0.99.0")
-    monkeypatch.setitem(plugin._state, "installed", False)
-    plugin.logger.addHandler(caplog.handler)  # vLLM's logger tree may not propagate to the root
-    try:
-        assert plugin.install() is False
-    finally:
-        plugin.logger.removeHandler(caplog.handler)
+    assert _refused_install(plugin, monkeypatch, caplog) >= 1
     assert "0.99.0" in plugin.status()["reason"]
     assert MambaMixer2.conv_ssm_forward is before
-    assert any("leaving vLLM's own Mamba kernels" in r.getMessage() for r in caplog.records)
 
 
 def test_plugin_checks_the_signatures_it_patches():
@@ -159,16 +165,9 @@ def test_plugin_leaves_vllm_alone_when_its_source_differs(monkeypatch, caplog):
     before = MambaManager.get_num_blocks_to_allocate
     missing = compat.Expect("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", attrs=("_gone",))
     monkeypatch.setattr(compat, "EXPECTED", compat.EXPECTED + (missing,))
-    monkeypatch.setitem(plugin._state, "installed", False)
-    plugin.logger.addHandler(caplog.handler)
-    try:
-        assert plugin.install() is False
-    finally:
-        plugin.logger.removeHandler(caplog.handler)
+    assert _refused_install(plugin, monkeypatch, caplog) == 1
     assert "MambaManager no longer has _gone" in plugin.status()["reason"]
     assert MambaManager.get_num_blocks_to_allocate is before
-    # one record (the handler added above may see it a second time through the root logger)
-    assert len({id(r) for r in caplog.records if "leaving vLLM's own Mamba kernels" in r.getMessage()}) == 1
 
 
 _PATCHED = """
