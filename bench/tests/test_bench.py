@@ -222,3 +222,11 @@ def test_scan_rejects_bad_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         scan.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_committed_compile_record_names_test_files_that_exist():
+    """The GPU suite balances its shards by the record's per-file compile seconds: a renamed test
+    file would silently lose its weight."""
+    record = ROOT / "bench/results/2026-12-01-compile/compile.json"
+    files = json.loads(record.read_text())["per_file"]
+    assert files and all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
