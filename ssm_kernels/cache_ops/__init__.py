@@ -6,10 +6,12 @@ place into an engine's cache tensors by slot, with in-pass captures as device in
     conv_prefill(batch, xBC, weight, bias, conv_state=conv_cache, out=xBC_out, activation="silu")
     mamba2_prefill(batch, x, dt, A, B, C, ssm_state=ssm_cache, out=y, D=D, dt_bias=dt_bias, dt_softplus=True)
 
-Per-layer calls allocate nothing with the recurrent scan (the default); the prefill scans'
-chunked algorithm (algorithm="chunked" or "auto", with prefill_batch(..., start_positions=...))
-allocates its workspace per call. With validate=False and no start_positions the batch builders
-read nothing back from the device (CUDA graphs, asynchronous scheduling). Imports nothing of any
+Per-layer calls with the recurrent scan (the default) allocate nothing but the Mamba-2 scan's dt
+table ((tokens, nheads, 2) float32); the prefill scans' chunked algorithm (algorithm="chunked" or
+"auto", with prefill_batch(..., start_positions=...)) builds its tables and scratch in a step's
+first layer, and its later layers allocate nothing (python -m bench.host counts them). With
+validate=False and no start_positions the batch builders read nothing back from the device (CUDA
+graphs, asynchronous scheduling); with start_positions they read the step's indices back once. Imports nothing of any
 serving engine.
 """
 from .batch import NULL_BLOCK_ID, PAD_SLOT_ID, DecodeBatch, PrefillBatch, decode_batch, prefill_batch

@@ -3,7 +3,7 @@
 An engine builds one PrefillBatch (or DecodeBatch) per forward step from its own metadata: the
 sequences of the pass, the cache slot each one reads and writes, whether it continues from a
 cached state, and where captured states go. Every layer's call then takes the batch and writes
-into the engine's cache tensors in place, allocating nothing. Building the batch is where index
+into the engine's cache tensors in place. Building the batch is where index
 tensors are prepared (a few small ones, once per step); with validate=False it reads nothing
 back from the device, so it works under CUDA graphs and asynchronous scheduling.
 """

@@ -7,11 +7,10 @@ grid at the rows' absolute start positions, then store the final states into the
 to the cache's dtype to nearest even, as the recurrent kernels store them. Captures go straight
 into their slots, rounded the same way by the kernels (their capture rows are the slots), so no
 copy moves them. The step's index tables go to the device in one copy, built by the step's first
-layer and kept on the batch; so are its scratch tensors (the Mamba-2 kernels' workspace, the
+layer and kept on the batch; so are its scratch tensors (the kernels' workspaces, the
 gathered initial states, the float32 final states, a staging output when a skipped row has
 tokens): every layer of a step has the same shapes, so the later layers allocate nothing on the
-Mamba-2 Triton path. (The PyTorch path, for CPU, works in temporaries; the Mamba-1 kernels
-allocate their staged B and C per call.)
+Triton path. (The PyTorch path, for CPU, works in temporaries.)
 """
 from __future__ import annotations
 
@@ -21,6 +20,8 @@ import torch
 
 from .._common import NO_CAPTURES, CaptureTable, Sequences, capture_lists, int_tables
 from ..scan import mamba1_chunked
+from ..scan.mamba1_chunked.triton_kernel import new_workspace as mamba1_workspace
+from ..scan.mamba1_chunked.triton_kernel import run_triton as mamba1_triton
 from ..scan.algorithm import ALGORITHMS, ChunkedRules
 from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch
 from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton
@@ -165,6 +166,14 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     problem = make_problem(y, state_in=grouped(_initial_states(batch, step, ssm_state)), state_index=None,
                            seqs=step.seqs, captures=step.captures, state_out=grouped(final),
                            captured=grouped(ssm_state))
-    mamba1_chunked.run(problem, backend, chunk_size, batch.host.start_positions)
+    positions = batch.host.start_positions
+    if backend == "triton":
+        key = ("mamba1 workspace", chunk_size, out.shape, problem.B.dtype, problem.C.dtype, ssm_state.shape[1:])
+        workspace = batch.host.prepared.get(key)
+        if workspace is None:
+            workspace = batch.host.prepared[key] = mamba1_workspace(problem, chunk_size, positions)
+        mamba1_triton(problem, chunk_size, positions, workspace)
+    else:
+        mamba1_chunked.run(problem, backend, chunk_size, positions)
     _unstage(batch, step, out, y, 1)
     _store_final(batch, step, ssm_state, final)

@@ -1,12 +1,12 @@
 """Per-layer entry points for a serving engine: prefill, conv and decode, in place in its caches.
 
-Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache
-tensors by slot and writes the output into `out`. By default (algorithm="recurrent") it allocates
-nothing: the same kernels as mamba2_scan, mamba1_scan and causal_conv1d (the recurrent scan, so a
-sequence's outputs and states are bit-identical however the engine splits, batches or captures
-it), launched on views. The prefill scans also take algorithm="chunked" (the public scans'
-chunked algorithms, much faster on a GPU for long passes; exact at splits on the absolute chunk
-grid: see chunked.py) or "auto".
+Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache tensors
+by slot and writes the output into `out`. By default (algorithm="recurrent") it allocates nothing
+but the Mamba-2 scan's dt table: the same kernels as mamba2_scan, mamba1_scan and causal_conv1d
+(the recurrent scan, so a sequence's outputs and states are bit-identical however the engine
+splits, batches or captures it), launched on views. The prefill scans also take algorithm="chunked"
+(the public scans' chunked algorithms, much faster on a GPU for long passes; exact at splits on the
+absolute chunk grid: see chunked.py) or "auto".
 States are kept in float32 inside the kernels and rounded to the cache's dtype (float32,
 float16 or bfloat16) when stored. Tensor parallelism needs nothing special: a rank passes its
 own heads (or channels) and its own slice of the cache; slots and captures are rank-local.
@@ -96,9 +96,9 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
         out: like x, written (rows of skipped sequences are left as they were).
         D: (nheads,) or (nheads, headdim); z: like x; dt_bias: (nheads,); dt_softplus, dt_limit
             and backend as in mamba2_scan.
-        algorithm: "recurrent" (default: exact at any split, allocates nothing), "chunked" (the
-            SSD algorithm of mamba2_scan(algorithm="chunked"); needs a batch built with
-            start_positions; allocates its workspace per call) or "auto" (mamba2_scan's rule:
+        algorithm: "recurrent" (default: exact at any split), "chunked" (the SSD algorithm of
+            mamba2_scan(algorithm="chunked"); needs a batch built with start_positions; its
+            workspace is built by a step's first layer and reused by the others) or "auto" (mamba2_scan's rule:
             chunked on CUDA from ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS tokens in the
             longest row, when the batch has start positions; else recurrent).
         chunk_size: the chunked algorithm's, as in mamba2_scan (default 256).

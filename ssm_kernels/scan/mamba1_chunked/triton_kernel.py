@@ -18,6 +18,8 @@ change a bit of y or the final states.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -201,21 +203,42 @@ def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int]:
     return block_n // nl, nl
 
 
-def run_triton(p: ScanProblem, chunk: int, start_positions: list[int]) -> None:
+@dataclass(frozen=True)
+class Workspace:
+    """A pass's launch configuration and scratch: each sequence's phase on the chunk grid (None
+    when every sequence starts on it) and B and C staged per chunk."""
+
+    nr: int
+    nl: int
+    nchunks: int
+    phases: torch.Tensor | None  # (nseq,) int64
+    stage: torch.Tensor  # (nseq, nchunks, ngroups, 2, NR * NL, chunk): B and C, in B's dtype or float32
+
+
+def new_workspace(p: ScanProblem, chunk: int, start_positions: list[int]) -> Workspace:
+    """The workspace of a pass, unwritten (a serving step's layers share one)."""
+    nr, nl = launch_config(p.A.shape[2], chunk, p.B.element_size() * 8)
+    phases = [position % chunk for position in start_positions]
+    nchunks = max((triton.cdiv(phase + n, chunk) if n else 0 for n, phase in zip(p.seqs.lengths, phases)), default=0)
+    stage_dtype = p.B.dtype if p.B.dtype == p.C.dtype else torch.float32
+    return Workspace(nr, nl, nchunks,
+                     torch.tensor(phases, dtype=torch.int64, device=p.x.device) if any(phases) else None,
+                     torch.empty(len(phases), nchunks, p.x.shape[2], 2, nr * nl, chunk, dtype=stage_dtype,
+                                 device=p.x.device))
+
+
+def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Workspace | None = None) -> None:
     """Stage B and C per chunk, then launch over (sequence, group, channel); writes p.y,
-    p.state_out, p.captured."""
+    p.state_out, p.captured. ws: a workspace of this pass's shapes to reuse, else a new one."""
     nseq = p.seqs.count
     if nseq == 0:
         return
     _, _, ngroups, rows = p.x.shape
     dstate = p.A.shape[2]
-    nr, nl = launch_config(dstate, chunk, p.B.element_size() * 8)
-    phases = [position % chunk for position in start_positions]
-    nchunks = max(triton.cdiv(phase + n, chunk) if n else 0 for n, phase in zip(p.seqs.lengths, phases))
+    ws = ws or new_workspace(p, chunk, start_positions)
+    nr, nl, nchunks, phases, stage = ws.nr, ws.nl, ws.nchunks, ws.phases, ws.stage
+    stage_dtype = stage.dtype
     out = p.state_out
-    phases = torch.tensor(phases, dtype=torch.int64, device=p.x.device) if any(phases) else None
-    stage_dtype = p.B.dtype if p.B.dtype == p.C.dtype else torch.float32
-    stage = torch.empty(nseq, nchunks, ngroups, 2, nr * nl, chunk, dtype=stage_dtype, device=p.x.device)
     cap = p.captures
     if nchunks:
         _stage_bc_kernel[(nseq, nchunks, ngroups)](
