@@ -50,11 +50,21 @@ class ChunkedStep:
     live_tokens: torch.Tensor | None
 
 
+def _per_step(batch: PrefillBatch, key, build):
+    """What `build()` makes, once a step: built by the first layer that asks for it, kept on the
+    batch and reused by the step's other layers (a layer's call is done with it when it returns)."""
+    prepared = batch.host.prepared
+    if key not in prepared:
+        prepared[key] = build()
+    return prepared[key]
+
+
 def _step(batch: PrefillBatch) -> ChunkedStep:
+    return _per_step(batch, "step", lambda: _build_step(batch))
+
+
+def _build_step(batch: PrefillBatch) -> ChunkedStep:
     host = batch.host
-    step = host.prepared.get("step")
-    if step is not None:
-        return step
     device = batch.seqs.cu_seqlens.device
     live = [s for s, slot in enumerate(host.slots) if slot != batch.skip_slot]
     reads = [slot != batch.skip_slot and h for slot, h in zip(host.slots, host.has_initial)]
@@ -68,12 +78,10 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
         device, [slot if r else 0 for slot, r in zip(host.slots, reads)], [s for s, r in enumerate(reads) if not r],
         live, [host.slots[s] for s in live], [t for s in live for t in range(bounds[s], bounds[s + 1])],
         *capture_tables)
-    step = ChunkedStep(
+    return ChunkedStep(
         gather=gather, fresh=fresh, seqs=seqs,
         captures=CaptureTable(*capture_tables, entries) if entries else NO_CAPTURES,
         final_rows=final_rows, final_slots=final_slots, live_tokens=live_tokens if skipped_tokens else None)
-    host.prepared["step"] = step
-    return step
 
 
 def resolve(algorithm, batch: PrefillBatch, device, rules: ChunkedRules) -> str:
@@ -88,13 +96,9 @@ def resolve(algorithm, batch: PrefillBatch, device, rules: ChunkedRules) -> str:
 
 
 def _scratch(batch: PrefillBatch, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """A scratch tensor of the step: allocated by the first layer that asks for it, reused by the
-    others (a layer's call is done with it when it returns)."""
-    key = (name, tuple(shape), dtype, device)
-    buffer = batch.host.prepared.get(key)
-    if buffer is None:
-        buffer = batch.host.prepared[key] = torch.empty(shape, dtype=dtype, device=device)
-    return buffer
+    """A scratch tensor of the step (_per_step)."""
+    return _per_step(batch, (name, tuple(shape), dtype, device),
+                     lambda: torch.empty(shape, dtype=dtype, device=device))
 
 
 def _select(batch: PrefillBatch, name: str, source: torch.Tensor, dim: int, index: torch.Tensor,
@@ -132,10 +136,8 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
     """mamba2_prefill's chunked algorithm; arguments validated (x: (ntokens, nheads, headdim))."""
     step = _step(batch)
     nheads, headdim, dstate = ssm_state.shape[1:]
-    tables = batch.host.prepared.get(("mamba2", chunk_size))
-    if tables is None:
-        tables = make_chunk_tables(step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device)
-        batch.host.prepared[("mamba2", chunk_size)] = tables
+    tables = _per_step(batch, ("mamba2", chunk_size), lambda: make_chunk_tables(
+        step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device))
     final = _scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
     y = _staged(batch, step, out)
     u = lambda t: None if t is None else t.unsqueeze(0)
@@ -143,10 +145,8 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
                              _initial_states(batch, step, ssm_state), None, step.seqs, step.captures, u(y), final,
                              ssm_state)
     if backend == "triton":
-        key = ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:])
-        workspace = batch.host.prepared.get(key)
-        if workspace is None:
-            workspace = batch.host.prepared[key] = new_workspace(problem, tables)
+        workspace = _per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),
+                              lambda: new_workspace(problem, tables))
         run_chunked_triton(problem, tables, workspace)
     else:
         run_chunked_torch(problem, tables)
@@ -169,10 +169,8 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     positions = batch.host.start_positions
     if backend == "triton":
         key = ("mamba1 workspace", chunk_size, out.shape, problem.B.dtype, problem.C.dtype, ssm_state.shape[1:])
-        workspace = batch.host.prepared.get(key)
-        if workspace is None:
-            workspace = batch.host.prepared[key] = mamba1_workspace(problem, chunk_size, positions)
-        mamba1_triton(problem, chunk_size, positions, workspace)
+        mamba1_triton(problem, chunk_size, positions, _per_step(
+            batch, key, lambda: mamba1_workspace(problem, chunk_size, positions)))
     else:
         mamba1_chunked.run(problem, backend, chunk_size, positions)
     _unstage(batch, step, out, y, 1)
