@@ -138,18 +138,19 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
     nheads, headdim, dstate = ssm_state.shape[1:]
     tables = _per_step(batch, ("mamba2", chunk_size), lambda: make_chunk_tables(
         step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device))
-    final = _scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
-    y = _staged(batch, step, out)
     u = lambda t: None if t is None else t.unsqueeze(0)
-    problem = mamba2_problem(u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit,
-                             _initial_states(batch, step, ssm_state), None, step.seqs, step.captures, u(y), final,
-                             ssm_state)
-    if backend == "triton":
+    inputs = (u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit)
+    if backend == "triton":  # the kernels read and write the slots themselves, and skip skipped rows
+        problem = mamba2_problem(*inputs, ssm_state, batch.state_indices, step.seqs, step.captures, u(out),
+                                 ssm_state, ssm_state, has_initial=batch.has_initial, skip_slot=batch.skip_slot)
         workspace = _per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),
                               lambda: new_workspace(problem, tables))
         run_chunked_triton(problem, tables, workspace)
-    else:
-        run_chunked_torch(problem, tables)
+        return
+    final = _scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
+    y = _staged(batch, step, out)
+    run_chunked_torch(mamba2_problem(*inputs, _initial_states(batch, step, ssm_state), None, step.seqs,
+                                     step.captures, u(y), final, ssm_state), tables)
     _unstage(batch, step, out, y, 0)
     _store_final(batch, step, ssm_state, final)
 

@@ -42,23 +42,21 @@ class InnerCapture(NamedTuple):
     offset: int
 
 
-class Step(NamedTuple):
-    """A row of ChunkTables.steps: one step of the state-passing walk."""
+class ChunkRow(NamedTuple):
+    """A row of ChunkTables.chunks, the work of one chunk in the fused pass: a Chunk, where it sits
+    in its sequence, and which captures it serves. An empty sequence has one row of length 0, so
+    that its final state (its initial one) is written like any other."""
 
-    chunk: int
-    first: int  # 1 at the chunk's first step: its start state is stored (and captured into start_row)
-    last: int  # 1 at the chunk's last step: the walk moves past the chunk
-    start_row: int  # the capture row that takes the chunk's start state (first steps only), -1 for none
-    inner: int  # the inner capture this step computes (an index into ChunkTables.inner), -1 for none
-    inner_row: int  # its capture row, -1 for none
-    inner_offset: int  # its offset in the chunk, 0 for none
-
-
-# Columns of ChunkTables.steps: Step's 7 fields and a zero, which pads a row to a power-of-two width
-# (64 bytes): a row's address is its index shifted.
-STEP_WIDTH = 8
-_STEP_PADDING = (0,) * (STEP_WIDTH - len(Step._fields))
-_LAST_ROW = (0,) * STEP_WIDTH  # read a step ahead by the walk's last step, never run
+    batch_row: int
+    start: int  # its first token on the time axis
+    length: int
+    seq: int
+    index: int  # its place among its sequence's chunks: the walk hands chunk index-1's end state to it
+    last: int  # 1 for its sequence's last chunk, which writes the final state
+    start_row: int  # the capture row that takes its start state, -1 for none
+    end_row: int  # the capture row that takes the final state (last chunks only), -1 for none
+    inner_first: int  # its inner captures are ChunkTables.inner[inner_first:inner_end]
+    inner_end: int
 
 
 @dataclass(frozen=True)
@@ -70,32 +68,22 @@ class ChunkTables:
     chunk_size when a is one), full chunks, and a last partial one; an empty sequence owns none.
 
     Device tensors (int64):
-    chunks: (nchunks, 3): a Chunk a row (batch row, first token on the time axis, length).
-    end_rows: (nseq,): the capture row that takes sequence s's final state (offset == length,
-        which covers empty sequences), -1 for none.
+    chunks: (nrows, 10): a ChunkRow a row: the chunks in sequence order (chunk_list's), then one
+        row of length 0 for each empty sequence.
     inner: (ninner, 3): an InnerCapture a row (capture row, chunk, offset j) for each capture
         inside a chunk (0 < j < the chunk's length): the state after the chunk's first j tokens;
         in chunk order.
-    steps: (nsteps + 1, STEP_WIDTH): the state-passing walk, a Step a row (and a padding column),
-        one step a chunk (or one per inner capture of a chunk that has several). At its first
-        step a chunk's start state is stored, and captured into capture row `start_row` unless
-        that is -1; at its last the walk moves past the chunk; a step whose `inner` is not -1
-        computes that inner capture. A row of zeros follows the last step (the walk reads each
-        row a step ahead).
-    seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
     copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
         sequence and offset asked for again).
-    On the host: chunk_list, inner_list (the same as chunks, inner, as Chunk and InnerCapture
+    On the host: chunk_list, inner_list (the chunks and inner captures as Chunk and InnerCapture
     tuples), seq_chunk_list (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])),
-    start_row_list (the capture row that takes chunk c's start state, -1 for none), end_row_list.
+    start_row_list (the capture row that takes chunk c's start state, -1 for none), end_row_list
+    (the capture row that takes sequence s's final state, offset == length, -1 for none).
     """
 
     chunk_size: int
     chunks: torch.Tensor
-    end_rows: torch.Tensor
     inner: torch.Tensor
-    steps: torch.Tensor
-    seq_steps: torch.Tensor
     copy_rows: torch.Tensor
     copy_from: torch.Tensor
     chunk_list: list[Chunk]
@@ -108,6 +96,11 @@ class ChunkTables:
     def nchunks(self) -> int:
         return len(self.chunk_list)
 
+    @property
+    def nrows(self) -> int:
+        """Rows of `chunks`: the chunks and the empty sequences."""
+        return self.chunks.shape[0]
+
 
 def _chunk_of(k: int, first: int, chunk_size: int) -> tuple[int, int]:
     """(chunk index within the sequence, tokens of it consumed) of the state after k tokens, for a
@@ -118,7 +111,7 @@ def _chunk_of(k: int, first: int, chunk_size: int) -> tuple[int, int]:
 
 
 def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
-              device: torch.device) -> ChunkTables:
+                      device: torch.device) -> ChunkTables:
     chunk_list, seq_chunks, firsts = [], [0], []
     for (b, start, length), position in zip(seqs.spans(), start_positions):
         first = chunk_size - position % chunk_size  # tokens up to the next grid point
@@ -142,23 +135,21 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
         else:
             inner_list.append(InnerCapture(row, seq_chunks[s] + c, j))
     inner_list.sort(key=lambda entry: entry.chunk)
-    by_chunk = [[] for _ in chunk_list]
-    for i, (row, c, j) in enumerate(inner_list):
-        by_chunk[c].append((i, row, j))
-    steps, seq_steps = [], [0]
+    inner_bounds = [0] * (len(chunk_list) + 1)  # chunk c's inner captures: [inner_bounds[c], inner_bounds[c + 1])
+    for entry in inner_list:
+        inner_bounds[entry.chunk + 1] += 1
+    for c in range(len(chunk_list)):
+        inner_bounds[c + 1] += inner_bounds[c]
+    rows, empty = [], []
     for s in range(seqs.count):
-        for c in range(seq_chunks[s], seq_chunks[s + 1]):
-            inner = by_chunk[c] or [(-1, -1, 0)]
-            for k, (i, row, j) in enumerate(inner):
-                step = Step(c, first=int(k == 0), last=int(k == len(inner) - 1),
-                            start_row=start_rows[c] if k == 0 else -1, inner=i, inner_row=row, inner_offset=j)
-                steps.append((*step, *_STEP_PADDING))
-        seq_steps.append(len(steps))
-    steps.append(_LAST_ROW)
-
-    chunks, end_t, inner, steps_t, seq_steps_t, copy_rows, copy_from = int_tables(
-        device, chunk_list, end_rows, inner_list, steps, seq_steps,
-        [r for r, _ in copies], [f for _, f in copies])
-    return ChunkTables(chunk_size, chunks.view(-1, len(Chunk._fields)), end_t,
-                       inner.view(-1, len(InnerCapture._fields)), steps_t.view(-1, STEP_WIDTH), seq_steps_t,
+        first_chunk, end = seq_chunks[s], seq_chunks[s + 1]
+        for c in range(first_chunk, end):
+            last = c == end - 1
+            rows.append(ChunkRow(*chunk_list[c], s, c - first_chunk, int(last), start_rows[c],
+                                 end_rows[s] if last else -1, inner_bounds[c], inner_bounds[c + 1]))
+        if first_chunk == end:
+            empty.append(ChunkRow(0, 0, 0, s, 0, 1, -1, end_rows[s], 0, 0))
+    chunks, inner, copy_rows, copy_from = int_tables(  # one copy
+        device, rows + empty, inner_list, [r for r, _ in copies], [f for _, f in copies])
+    return ChunkTables(chunk_size, chunks.view(-1, len(ChunkRow._fields)), inner.view(-1, len(InnerCapture._fields)),
                        copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)
