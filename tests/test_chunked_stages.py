@@ -78,7 +78,8 @@ def make_pass(case, dtype, device):
                                       dt_limit=inp.dt_limit)
     cb = ref.chunk_cb_ref(inp.B, inp.C, tables)
     states, partial = ref.chunk_state_ref(inp.x, inp.B, dt, cs, tables)
-    start, final, captured = ref.state_passing_ref(states, decay, cs, partial, tables, inp.initial_states)
+    rows = [row for _, _, row in captures.entries]
+    start, final, captured = ref.state_passing_ref(states, decay, cs, partial, tables, inp.initial_states, rows)
     y = ref.chunk_output_ref(inp.x, inp.C, dt, cs, cb, start, tables, D=inp.D, z=inp.z)
     want = SimpleNamespace(dt=dt, cs=cs, decay=decay, cb=cb, states=states, partial=partial, start=start,
                            final=final, captured=captured, y=y)
@@ -205,7 +206,8 @@ def test_stage_references_compose_to_the_float64_scan(case, device):
     inp = run.inp
     opts = dict(D=inp.D, z=inp.z, dt_bias=inp.dt_bias, dt_softplus=inp.dt_softplus, dt_limit=inp.dt_limit,
                 initial_states=inp.initial_states)
-    got = ref.chunked_scan_ref(inp.x, inp.dt, inp.A, inp.B, inp.C, run.tables, **opts)
+    got = ref.chunked_scan_ref(inp.x, inp.dt, inp.A, inp.B, inp.C, run.tables, **opts,
+                               capture_rows=[row for _, _, row in run.p.captures.entries])
     want = mamba2_scan_ref(inp.x, inp.dt, inp.A, inp.B, inp.C, **opts, cu_seqlens=run.cu_seqlens, capture=run.capture)
     for name, u, v in zip(want._fields, got, want):
         assert_rel_close(u, v, 1e-12, name)

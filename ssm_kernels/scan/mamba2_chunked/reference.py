@@ -82,34 +82,41 @@ def chunk_state_ref(x, B, dt, cs, tables: ChunkTables):
     return states, _stack([contribution(c, j) for _, c, j in tables.inner_list], like)
 
 
-def state_passing_ref(states, decay, cs, partial, tables: ChunkTables, initial_states=None):
+def state_passing_ref(states, decay, cs, partial, tables: ChunkTables, initial_states=None, capture_rows=None):
     """Stage 4: the walk over each sequence's chunks, from stages 1 and 3: (start, final, captured).
 
     S_0 is the sequence's initial state (zeros if None), S_{c+1} = decay_c S_c + states_c; start
     (nchunks, nheads, headdim, dstate) holds each chunk's S_c, final (nseq, ...) each sequence's
-    last S. captured (ncapture, ...) holds each capture: at a chunk's start its S_c, at the
-    sequence's end its final state, inside a chunk (offset j) exp(cs_{j-1}) S_c + its partial;
-    a capture asked for twice in each of its rows.
+    last S. captured (ncapture, ...) holds each capture (ChunkTables.capture_list), in row
+    capture_rows[entry] (default: its entry): at a chunk's start its S_c, at the sequence's end its
+    final state, inside a chunk (offset j) exp(cs_{j-1}) S_c + its partial.
     """
+    inner = {(c, j): partial[i] for i, (_, c, j) in enumerate(tables.inner_list)}
+    by_chunk = {}
+    for entry, c, j in tables.capture_list:
+        by_chunk.setdefault(c, []).append((entry, j))
     captured = {}
     start, finals = torch.zeros_like(states), []
     for s in range(len(tables.seq_chunk_list) - 1):
         S = initial_states[s].double() if initial_states is not None else states.new_zeros(states.shape[1:])
-        for c in range(tables.seq_chunk_list[s], tables.seq_chunk_list[s + 1]):
+        chunks = range(tables.seq_chunk_list[s], tables.seq_chunk_list[s + 1])
+        for c in chunks:
             start[c] = S
-            if tables.start_row_list[c] >= 0:
-                captured[tables.start_row_list[c]] = S
-            for i, (row, chunk, j) in enumerate(tables.inner_list):
-                if chunk == c:
-                    captured[row] = torch.exp(cs[c, :, j - 1])[:, None, None] * S + partial[i]
-            S = decay[c][:, None, None] * S + states[c]
+            end = decay[c][:, None, None] * S + states[c]
+            for entry, j in by_chunk.get(c, ()):
+                n = tables.chunk_list[c].length
+                captured[entry] = S if j == 0 else end if j == n else \
+                    torch.exp(cs[c, :, j - 1])[:, None, None] * S + inner[c, j]
+            S = end
+        if not chunks:  # an empty sequence: its row follows the chunks
+            row = next(r for r, chunk in enumerate(tables.row_list) if chunk.seq == s)
+            for entry, _ in by_chunk.get(row, ()):
+                captured[entry] = S
         finals.append(S)
-        if tables.end_row_list[s] >= 0:
-            captured[tables.end_row_list[s]] = S
-    for row, source in zip(tables.copy_rows.tolist(), tables.copy_from.tolist()):
-        captured[row] = captured[source]
     like = states.new_zeros(0, *states.shape[1:])
-    return start, _stack(finals, like), _stack([captured[row] for row in range(len(captured))], like)
+    rows = capture_rows if capture_rows is not None else range(len(captured))
+    by_row = {row: captured[entry] for entry, row in enumerate(rows)}
+    return start, _stack(finals, like), _stack([by_row[row] for row in range(len(by_row))], like)
 
 
 def chunk_output_ref(x, C, dt, cs, cb, start, tables: ChunkTables, *, D=None, z=None):
@@ -141,11 +148,11 @@ def chunk_output_ref(x, C, dt, cs, cb, start, tables: ChunkTables, *, D=None, z=
 
 
 def chunked_scan_ref(x, dt, A, B, C, tables: ChunkTables, *, D=None, z=None, dt_bias=None, dt_softplus=False,
-                     dt_limit=(0.0, math.inf), initial_states=None) -> ScanResult:
+                     dt_limit=(0.0, math.inf), initial_states=None, capture_rows=None) -> ScanResult:
     """The five stage references in order: the chunked scan of mamba2_scan's arguments on `tables`'s
-    chunk grid, in float64."""
+    chunk grid, in float64 (capture_rows: as state_passing_ref's)."""
     dtp, cs, decay = dt_cumsum_ref(dt, A, tables, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
     cb = chunk_cb_ref(B, C, tables)
     states, partial = chunk_state_ref(x, B, dtp, cs, tables)
-    start, final, captured = state_passing_ref(states, decay, cs, partial, tables, initial_states)
+    start, final, captured = state_passing_ref(states, decay, cs, partial, tables, initial_states, capture_rows)
     return ScanResult(chunk_output_ref(x, C, dtp, cs, cb, start, tables, D=D, z=z), final, captured)

@@ -9,11 +9,14 @@ same tokens, computed by the same operations from the same chunk-start state, wh
 falls in, as long as the pass starts at a grid point: that is what makes a pass that resumes at a
 multiple of chunk_size bit-identical to one longer pass.
 
-Captures come in two kinds. A state the state-passing walk holds anyway (a chunk's start state,
-or a sequence's final state) is stored straight from it into its capture row. A state inside a
-chunk (offset j, 0 < j < the chunk's length) is computed apart, from the chunk's start state and
-the contribution of its first j tokens (inner captures, listed chunk by chunk). Captures asked
-for twice are computed once and copied.
+Every capture belongs to one chunk: the state after k tokens of sequence s is the state after
+j tokens of the chunk where it falls, with 0 <= j <= the chunk's length; on a grid point it is the
+start of the chunk after it (j = 0), or the end of the sequence's last chunk (j = its length).
+The walk holds those two anyway, so they are stored straight from it; a state inside a chunk
+(0 < j < length) is computed apart, from the chunk's start state and the contribution of its
+first j tokens. A capture names its entry in the pass's CaptureTable (sorted by sequence and
+offset), whose `row` tensor holds the row (an engine's slot) it is stored into: the tables never
+need the rows on the host.
 """
 from __future__ import annotations
 
@@ -33,12 +36,12 @@ class Chunk(NamedTuple):
     length: int
 
 
-class InnerCapture(NamedTuple):
-    """A row of ChunkTables.inner: a capture inside a chunk, the state after its first `offset`
-    tokens (0 < offset < the chunk's length)."""
+class ChunkCapture(NamedTuple):
+    """A row of ChunkTables.captures: the state after the first `offset` tokens of a chunk row
+    (0 <= offset <= its length), for entry `entry` of the pass's CaptureTable."""
 
-    row: int  # the capture row it is stored into
-    chunk: int
+    entry: int
+    chunk: int  # the row of ChunkTables.chunks
     offset: int
 
 
@@ -53,10 +56,8 @@ class ChunkRow(NamedTuple):
     seq: int
     index: int  # its place among its sequence's chunks: the walk hands chunk index-1's end state to it
     last: int  # 1 for its sequence's last chunk, which writes the final state
-    start_row: int  # the capture row that takes its start state, -1 for none
-    end_row: int  # the capture row that takes the final state (last chunks only), -1 for none
-    inner_first: int  # its inner captures are ChunkTables.inner[inner_first:inner_end]
-    inner_end: int
+    capture_first: int  # its captures are ChunkTables.captures[capture_first:capture_end]
+    capture_end: int
 
 
 @dataclass(frozen=True)
@@ -68,29 +69,22 @@ class ChunkTables:
     chunk_size when a is one), full chunks, and a last partial one; an empty sequence owns none.
 
     Device tensors (int64):
-    chunks: (nrows, 10): a ChunkRow a row: the chunks in sequence order (chunk_list's), then one
+    chunks: (nrows, 8): a ChunkRow a row: the chunks in sequence order (chunk_list's), then one
         row of length 0 for each empty sequence.
-    inner: (ninner, 3): an InnerCapture a row (capture row, chunk, offset j) for each capture
-        inside a chunk (0 < j < the chunk's length): the state after the chunk's first j tokens;
-        in chunk order.
-    copy_rows, copy_from: (ncopy,): capture row copy_rows[i] repeats row copy_from[i] (the same
-        sequence and offset asked for again).
-    On the host: chunk_list, inner_list (the chunks and inner captures as Chunk and InnerCapture
-    tuples), seq_chunk_list (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])),
-    start_row_list (the capture row that takes chunk c's start state, -1 for none), end_row_list
-    (the capture row that takes sequence s's final state, offset == length, -1 for none).
+    captures: (ncapture, 3): a ChunkCapture a row, in row order: every capture of the pass (one
+        asked for twice is computed twice, the same way).
+    On the host: row_list, capture_list (the same as ChunkRow and ChunkCapture tuples);
+    chunk_list (the chunks, Chunk tuples: the first nchunks rows' spans); seq_chunk_list
+    (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])).
     """
 
     chunk_size: int
     chunks: torch.Tensor
-    inner: torch.Tensor
-    copy_rows: torch.Tensor
-    copy_from: torch.Tensor
+    captures: torch.Tensor
+    row_list: list[ChunkRow]
+    capture_list: list[ChunkCapture]
     chunk_list: list[Chunk]
     seq_chunk_list: list[int]
-    start_row_list: list[int]
-    end_row_list: list[int]
-    inner_list: list[InnerCapture]
 
     @property
     def nchunks(self) -> int:
@@ -99,7 +93,12 @@ class ChunkTables:
     @property
     def nrows(self) -> int:
         """Rows of `chunks`: the chunks and the empty sequences."""
-        return self.chunks.shape[0]
+        return len(self.row_list)
+
+    @property
+    def inner_list(self) -> list[ChunkCapture]:
+        """The captures inside a chunk (0 < offset < its length), in row order."""
+        return [c for c in self.capture_list if 0 < c.offset < self.row_list[c.chunk].length]
 
 
 def _chunk_of(k: int, first: int, chunk_size: int) -> tuple[int, int]:
@@ -112,6 +111,8 @@ def _chunk_of(k: int, first: int, chunk_size: int) -> tuple[int, int]:
 
 def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
                       device: torch.device) -> ChunkTables:
+    """The tables of a pass. captures.entries gives each capture's (sequence, offset) on the host;
+    its rows are read by the kernels only."""
     chunk_list, seq_chunks, firsts = [], [0], []
     for (b, start, length), position in zip(seqs.spans(), start_positions):
         first = chunk_size - position % chunk_size  # tokens up to the next grid point
@@ -119,37 +120,29 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
         bounds = [0] + list(range(first, length, chunk_size)) + [length]
         chunk_list += [Chunk(b, start + lo, hi - lo) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
         seq_chunks.append(len(chunk_list))
-    start_rows, end_rows = [-1] * len(chunk_list), [-1] * seqs.count
-    inner_list, copies, first_row = [], [], {}
-    for s, k, row in captures.entries:
-        if (s, k) in first_row:
-            copies.append((row, first_row[s, k]))
-            continue
-        first_row[s, k] = row
-        if k == seqs.lengths[s]:
-            end_rows[s] = row
-            continue
-        c, j = _chunk_of(k, firsts[s], chunk_size)
-        if j == 0:
-            start_rows[seq_chunks[s] + c] = row
+    # Row of each sequence's last chunk, or of its empty row (those follow the chunks).
+    empty = [s for s in range(seqs.count) if seq_chunks[s] == seq_chunks[s + 1]]
+    last_row = {s: len(chunk_list) + i for i, s in enumerate(empty)}
+    capture_list = []
+    for entry, (s, k, _) in enumerate(captures.entries):
+        if k == seqs.lengths[s]:  # the final state: the end of the last row
+            row = last_row.get(s, seq_chunks[s + 1] - 1)
+            capture_list.append(ChunkCapture(entry, row, chunk_list[row].length if row < len(chunk_list) else 0))
         else:
-            inner_list.append(InnerCapture(row, seq_chunks[s] + c, j))
-    inner_list.sort(key=lambda entry: entry.chunk)
-    inner_bounds = [0] * (len(chunk_list) + 1)  # chunk c's inner captures: [inner_bounds[c], inner_bounds[c + 1])
-    for entry in inner_list:
-        inner_bounds[entry.chunk + 1] += 1
-    for c in range(len(chunk_list)):
-        inner_bounds[c + 1] += inner_bounds[c]
-    rows, empty = [], []
+            c, j = _chunk_of(k, firsts[s], chunk_size)
+            capture_list.append(ChunkCapture(entry, seq_chunks[s] + c, j))
+    capture_list.sort(key=lambda capture: capture.chunk)
+    bounds = [0] * (len(chunk_list) + len(empty) + 1)  # row r's captures: [bounds[r], bounds[r + 1])
+    for capture in capture_list:
+        bounds[capture.chunk + 1] += 1
+    for r in range(len(bounds) - 1):
+        bounds[r + 1] += bounds[r]
+    rows = []
     for s in range(seqs.count):
-        first_chunk, end = seq_chunks[s], seq_chunks[s + 1]
-        for c in range(first_chunk, end):
-            last = c == end - 1
-            rows.append(ChunkRow(*chunk_list[c], s, c - first_chunk, int(last), start_rows[c],
-                                 end_rows[s] if last else -1, inner_bounds[c], inner_bounds[c + 1]))
-        if first_chunk == end:
-            empty.append(ChunkRow(0, 0, 0, s, 0, 1, -1, end_rows[s], 0, 0))
-    chunks, inner, copy_rows, copy_from = int_tables(  # one copy
-        device, rows + empty, inner_list, [r for r, _ in copies], [f for _, f in copies])
-    return ChunkTables(chunk_size, chunks.view(-1, len(ChunkRow._fields)), inner.view(-1, len(InnerCapture._fields)),
-                       copy_rows, copy_from, chunk_list, seq_chunks, start_rows, end_rows, inner_list)
+        for c in range(seq_chunks[s], seq_chunks[s + 1]):
+            rows.append(ChunkRow(*chunk_list[c], s, c - seq_chunks[s], int(c == seq_chunks[s + 1] - 1),
+                                 bounds[c], bounds[c + 1]))
+    rows += [ChunkRow(0, 0, 0, s, 0, 1, bounds[last_row[s]], bounds[last_row[s] + 1]) for s in empty]
+    chunks, captures_t = int_tables(device, rows, capture_list)  # one copy
+    return ChunkTables(chunk_size, chunks.view(-1, len(ChunkRow._fields)),
+                       captures_t.view(-1, len(ChunkCapture._fields)), rows, capture_list, chunk_list, seq_chunks)

@@ -67,31 +67,27 @@ def run_chunked_torch(p: ScanProblem, tables: ChunkTables) -> None:
     A = p.A[:, 0, 0].float()
     D = p.D.float() if p.D is not None else None  # (H, P)
     dt_bias = p.dt_bias[:, 0].float() if p.dt_bias is not None else None  # (H,)
-    inner = {}
-    for row, c, j in tables.inner_list:
-        inner.setdefault(c, []).append((row, j))
-    seq_chunks = tables.seq_chunk_list
-    for s in range(p.seqs.count):
-        if p.state_in is not None:
-            state = p.state_in[s].float().clone()
-        else:
-            state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
-        for c in range(seq_chunks[s], seq_chunks[s + 1]):
-            b, t0, n = tables.chunk_list[c]
+    captures = {}  # row of the tables -> its captures' (entry, offset)
+    for entry, r, j in tables.capture_list:
+        captures.setdefault(r, []).append((entry, j))
+    for r, (b, t0, n, s, index, last, _, _) in enumerate(tables.row_list):
+        if index == 0:  # the sequence's first row: its initial state
+            if p.state_in is not None:
+                state = p.state_in[s].float().clone()
+            else:
+                state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
+        start = state
+        if n:
             tok = slice(t0, t0 + n)
             x = p.x[b, tok].to(torch.float32, copy=True)  # (L, H, P)
             B, C = p.B[b, tok][:, group].float(), p.C[b, tok][:, group].float()  # (L, H, N), gathered: new tensors
             dt = discretize_dt(p.dt[b, tok, :, 0].to(torch.float32, copy=True), dt_bias, p)  # (L, H)
             cs = dt_cumsum(dt, A)
             z = p.z[b, tok].to(torch.float32, copy=True) if p.z is not None else None
-            p.y[b, tok] = chunk_output(state, cs, dt, x, B, C, D, z)
-            if tables.start_row_list[c] >= 0:
-                p.captured[tables.start_row_list[c]] = state
-            for row, j in inner.get(c, ()):
-                p.captured[row] = state_after(state, cs, dt, x, B, j)
-            state = state_after(state, cs, dt, x, B, n)
-        p.state_out[s] = state
-        if tables.end_row_list[s] >= 0:
-            p.captured[tables.end_row_list[s]] = state
-    if tables.copy_rows.numel():
-        p.captured[tables.copy_rows] = p.captured[tables.copy_from]
+            p.y[b, tok] = chunk_output(start, cs, dt, x, B, C, D, z)
+            state = state_after(start, cs, dt, x, B, n)
+        for entry, j in captures.get(r, ()):
+            p.captured[p.captures.row[entry]] = start if j == 0 else state if j == n else \
+                state_after(start, cs, dt, x, B, j)
+        if last:
+            p.state_out[s] = state

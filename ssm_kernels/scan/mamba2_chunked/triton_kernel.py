@@ -59,7 +59,7 @@ import triton.language as tl
 from ..problem import ScanProblem
 from ..._triton import (flags_for, INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         row_slots, strides_or_zeros)
-from .tables import ChunkRow, ChunkTables, InnerCapture
+from .tables import ChunkCapture, ChunkRow, ChunkTables
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
@@ -69,7 +69,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 ZERO_DECAY_LOG2 = tl.constexpr(160.0)
 # Row widths of ChunkTables's int64 tables, whose columns the readers below load in tables.py's order.
 ROW_COLUMNS = tl.constexpr(len(ChunkRow._fields))
-INNER_COLUMNS = tl.constexpr(len(InnerCapture._fields))
+CAPTURE_COLUMNS = tl.constexpr(len(ChunkCapture._fields))
 
 
 @triton.jit
@@ -92,13 +92,13 @@ def _chunk_row(chunks_ptr, i_r):
     """Row i_r of ChunkTables.chunks: ChunkRow's fields in order."""
     p = chunks_ptr + i_r * ROW_COLUMNS
     return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
-            tl.load(p + 6), tl.load(p + 7), tl.load(p + 8), tl.load(p + 9))
+            tl.load(p + 6), tl.load(p + 7))
 
 
 @triton.jit
-def _inner_capture(inner_ptr, i):
-    """Row i of ChunkTables.inner, less its chunk: InnerCapture's (row, offset)."""
-    p = inner_ptr + i * INNER_COLUMNS
+def _chunk_capture(captures_ptr, i):
+    """Row i of ChunkTables.captures, less its chunk: ChunkCapture's (entry, offset)."""
+    p = captures_ptr + i * CAPTURE_COLUMNS
     return tl.load(p), tl.load(p + 2)
 
 
@@ -181,7 +181,7 @@ def _prepare_kernel(dt_ptr, A_ptr, dt_bias_ptr, B_ptr, C_ptr, chunks_ptr, dt_out
     below the diagonal)."""
     i_r = tl.program_id(0).to(tl.int64)
     i_j = tl.program_id(1)
-    i_b, t0, n_tok, i_s, index, _, _, _, _, _ = _chunk_row(chunks_ptr, i_r)
+    i_b, t0, n_tok, i_s, index, _, _, _ = _chunk_row(chunks_ptr, i_r)
     if i_j < nheads:
         i_h = i_j.to(tl.int64)
         _dt_cumsum(dt_ptr, A_ptr, dt_bias_ptr, dt_out_ptr, cs_out_ptr, i_r, i_h, i_b, t0, n_tok, nheads,
@@ -272,7 +272,8 @@ def _chunk_output(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, p_dt, p_cs, p_cb, b_S0T, i_
 
 
 @triton.jit
-def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr, chunks_ptr, inner_ptr,
+def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr, chunks_ptr, captures_ptr,
+                       capture_rows_ptr,
                        ready_ptr, ticket_ptr, handoff_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr,
                        state_out_ptr, captured_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
@@ -291,7 +292,7 @@ def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     i_h = ticket % nheads
     i_pb = (ticket // nheads) % n_pblocks
     i_g = i_h // heads_per_group
-    i_b, t0, n_tok, i_s, index, last, start_row, end_row, inner_first, inner_end = _chunk_row(chunks_ptr, i_r)
+    i_b, t0, n_tok, i_s, index, last, capture_first, capture_end = _chunk_row(chunks_ptr, i_r)
     i_in, i_out, live, starts, n_tok = row_slots(i_s, n_tok, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
                                                  HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
     if live:
@@ -324,27 +325,31 @@ def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                     prev = tl.load(state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p[:, None] * s_in_p
                                    + o_n[None, :] * s_in_n, mask=m_pn, other=0.0).to(tl.float32)
         state = tl.where(n_tok > 0, exp2_flush(tl.load(p_cs + CHUNK - 1)) * prev + own, prev)
-        o_cap = i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n
         if last == 0:
             tl.store(p_hand + (index % 2) * headdim * dstate, state, mask=m_pn)
             _hand_on(p_ready)
         else:
             p_out = state_out_ptr + i_in * s_out_s + i_h * s_out_h + o_p[:, None] * s_out_p + o_n[None, :] * s_out_n
             tl.store(p_out, cast_for_store(state, p_out.dtype.element_ty), mask=m_pn)
-            if end_row >= 0:
-                tl.store(captured_ptr + end_row * s_cap_r + o_cap,
-                         cast_for_store(state, captured_ptr.dtype.element_ty), mask=m_pn)
-        if start_row >= 0:
-            tl.store(captured_ptr + start_row * s_cap_r + o_cap,
-                     cast_for_store(prev, captured_ptr.dtype.element_ty), mask=m_pn)
-        # Inner captures: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
-        for i in range(inner_first, inner_end):
-            row, j = _inner_capture(inner_ptr, i)
-            b_in = exp2_flush(tl.load(p_cs + j - 1)) * prev + _chunk_contribution(
-                p_x, p_B, p_dt, p_cs, j, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
-                BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-            tl.store(captured_ptr + row * s_cap_r + o_cap, cast_for_store(b_in, captured_ptr.dtype.element_ty),
-                     mask=m_pn)
+        # Captures: at the chunk's start and end the states held, inside it (offset j)
+        # exp(cs_{j-1}) S0 + the contribution of its first j tokens. Rows come from the capture
+        # table on the device (an engine's slots; its skip slot declines one).
+        p_cap = captured_ptr + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n
+        for i in range(capture_first, capture_end):
+            entry, j = _chunk_capture(captures_ptr, i)
+            row = tl.load(capture_rows_ptr + entry)
+            keep = row >= 0
+            if HAS_SKIP:
+                keep = keep & (row != skip_slot)
+            if keep:
+                b_cap = prev
+                if j == n_tok:
+                    b_cap = state
+                elif j > 0:
+                    b_cap = exp2_flush(tl.load(p_cs + j - 1)) * prev + _chunk_contribution(
+                        p_x, p_B, p_dt, p_cs, j, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
+                        BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                tl.store(p_cap + row * s_cap_r, cast_for_store(b_cap, captured_ptr.dtype.element_ty), mask=m_pn)
         b_S0T = cast_for_store(tl.trans(prev), DOT_DTYPE)
         p_cb = cb_ptr + (i_r * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK
         _chunk_output(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, p_dt, p_cs, p_cb, b_S0T, i_b, t0, n_tok, i_h, i_g, o_p, m_p,
@@ -440,7 +445,8 @@ def chunk_pass(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     out = p.state_out  # a stand-in for absent inputs
     _chunk_pass_kernel[(tables.nrows * nheads * ws.n_pblocks,)](
         p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), ptr_or(p.y, out), ws.dt, ws.cs, ws.cb, tables.chunks,
-        ptr_or(tables.inner, tables.chunks), ws.ready, ws.ticket, ws.handoff, ptr_or(p.state_in, out),
+        ptr_or(tables.captures, tables.chunks), ptr_or(p.captures.row, tables.chunks), ws.ready, ws.ticket,
+        ws.handoff, ptr_or(p.state_in, out),
         ptr_or(p.state_index, tables.chunks), ptr_or(p.has_initial, tables.chunks), out, ptr_or(p.captured, out),
         0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, nheads // ngroups, ws.n_pblocks,
         *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
@@ -448,8 +454,6 @@ def chunk_pass(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         **flags_for(_chunk_pass_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"],
         BLOCK_P=ws.cfg["BLOCK_P"], BLOCK_N=ws.cfg["BLOCK_N"], BLOCK_K=ws.cfg["BLOCK_K"], **ws.dot,
         **ws.cfg["chunk_pass"])
-    if tables.copy_rows.numel():
-        p.captured[tables.copy_rows] = p.captured[tables.copy_from]
 
 
 LAUNCHES = (prepare, chunk_pass)
