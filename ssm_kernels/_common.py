@@ -363,6 +363,13 @@ class CaptureTable:
     def count(self) -> int:
         return len(self.entries)
 
+    def host_rows(self) -> list[int]:
+        """Each entry's row on the host: from `entries`, or read back from `row` (one transfer)
+        where a batch built from an engine's host data left the rows on the device only."""
+        if self.entries and self.entries[0][2] is None:
+            return self.row.tolist()
+        return [r for _, _, r in self.entries]
+
 
 @dataclass(kw_only=True)
 class CacheSlots:

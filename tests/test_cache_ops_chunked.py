@@ -210,17 +210,17 @@ def test_bad_chunked_arguments_raise_naming_them():
     assert torch.equal(cache, before) and not out.any(), "a refused call wrote"
 
 
-def test_a_step_reads_its_tensors_back_once(monkeypatch):
-    """prefill_batch with start_positions reads the step's index tensors back in one transfer (one
-    sync on a GPU), and the layers' chunked calls read nothing back."""
-    seq, off, slot = (torch.tensor(c) for c in zip(*CAPTURES))
-    cu, slots, has_init = _cu(), torch.tensor(SLOTS, dtype=torch.int32), torch.tensor(HAS_INIT)
-    kw, cache = _mamba2_case(torch.float32)
+READS = ("tolist", "item", "__int__", "__bool__", "__index__")
+
+
+def _count_reads(monkeypatch, names=READS) -> list[str]:
+    """Patch torch.Tensor's ways of reading values to the host to record their names in the
+    returned list (a read's own inner calls are not reads of their own)."""
     reads, depth = [], [0]
 
     def counted(name, real):
         def read(self, *args):
-            if not depth[0]:  # a read's own inner calls are not reads of their own
+            if not depth[0]:
                 reads.append(name)
             depth[0] += 1
             try:
@@ -229,8 +229,18 @@ def test_a_step_reads_its_tensors_back_once(monkeypatch):
                 depth[0] -= 1
         return read
 
-    for name in ("tolist", "item", "__int__", "__bool__", "__index__"):
+    for name in names:
         monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+    return reads
+
+
+def test_a_step_reads_its_tensors_back_once(monkeypatch):
+    """prefill_batch with start_positions reads the step's index tensors back in one transfer (one
+    sync on a GPU), and the layers' chunked calls read nothing back."""
+    seq, off, slot = (torch.tensor(c) for c in zip(*CAPTURES))
+    cu, slots, has_init = _cu(), torch.tensor(SLOTS, dtype=torch.int32), torch.tensor(HAS_INIT)
+    kw, cache = _mamba2_case(torch.float32)
+    reads = _count_reads(monkeypatch)
     batch = cache_ops.prefill_batch(cu, slots, has_initial_state=has_init, capture_seq=seq, capture_offset=off,
                                     capture_slot=slot, nslots=NSLOTS, start_positions=POSITIONS)
     assert reads == ["tolist"]
@@ -239,3 +249,54 @@ def test_a_step_reads_its_tensors_back_once(monkeypatch):
         _mamba2_prefill(batch, kw, cache, torch.empty_like(kw["x"][0]), backend=backend, algorithm="chunked",
                         chunk_size=CHUNK)
         assert reads == [], backend
+
+
+def _host_batch_args():
+    """prefill_batch's arguments for the step of _batch from what an engine holds on the host:
+    lengths, start positions, the captures' sequences and offsets (their slots stay on the device)."""
+    seq, off, slot = zip(*CAPTURES)
+    bounds = [0]
+    for n in LENGTHS:
+        bounds.append(bounds[-1] + n)
+    return (_cu(), torch.tensor(SLOTS, dtype=torch.int32)), dict(
+        has_initial_state=torch.tensor(HAS_INIT), capture_seq=list(seq), capture_offset=list(off),
+        capture_slot=torch.tensor(slot), validate=False, start_positions=POSITIONS, host_cu_seqlens=bounds)
+
+
+def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
+    """Built from host lengths and captures, a step reads nothing back on the Mamba-2 chunked Triton
+    path, the conv and the recurrent scans, and gives the bits of a step that read its indices
+    back; the paths that plan with the slots on the host (Mamba-1's chunked scan, the PyTorch
+    chunked scan) read them back once a step."""
+    kw, cache = _mamba2_case(torch.bfloat16)
+    kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
+    cache = cache.to(torch.get_default_device())
+    want_cache, want_out = cache.clone(), torch.full_like(kw["x"][0], float("nan"))
+    _mamba2_prefill(_batch(), kw, want_cache, want_out, backend="triton", algorithm="chunked", chunk_size=CHUNK)
+    args, kwargs = _host_batch_args()
+    out = torch.full_like(kw["x"][0], float("nan"))
+    xbc, conv_state = torch.randn(8, sum(LENGTHS)), torch.zeros(NSLOTS, 3, 8).transpose(1, 2)
+    reads = _count_reads(monkeypatch)
+    batch = cache_ops.prefill_batch(*args, **kwargs)
+    for algorithm in ("chunked", "recurrent"):
+        _mamba2_prefill(batch, kw, cache if algorithm == "chunked" else cache.clone(), out.clone()
+                        if algorithm == "recurrent" else out, backend="triton", algorithm=algorithm, chunk_size=CHUNK)
+    cache_ops.conv_prefill(batch, xbc, torch.ones(8, 4), conv_state=conv_state, out=torch.empty_like(xbc),
+                           backend="triton")
+    assert reads == []
+    monkeypatch.undo()
+    live = _live_tokens()
+    assert torch.equal(out[live], want_out[live]) and torch.equal(cache, want_cache)
+    assert torch.isnan(out[-LENGTHS[-1]:]).all(), "the skipped row wrote its output"
+
+    kw1 = {k: v.to(cache.device) for k, v in mamba1_inputs(1, sum(LENGTHS), ngroups=2).items()}
+    for call in (lambda b: _mamba1_prefill(b, kw1, torch.zeros(NSLOTS, 12, 8), torch.zeros(12, sum(LENGTHS)),
+                                           backend="triton", algorithm="chunked", chunk_size=CHUNK),
+                 lambda b: _mamba2_prefill(b, kw, cache.clone(), out.clone(), backend="torch", algorithm="chunked",
+                                           chunk_size=CHUNK)):
+        batch = cache_ops.prefill_batch(*args, **kwargs)
+        reads = _count_reads(monkeypatch, ["tolist"])
+        call(batch)
+        call(batch)  # the step's second layer
+        monkeypatch.undo()
+        assert reads == ["tolist"], "one read a step"

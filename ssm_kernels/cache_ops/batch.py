@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_table, check_bool, check_decode_slots,
-                       check_optional_int, check_tensor, int_tables, lengths_from_bounds)
+from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_lists, capture_table, check_bool,
+                       check_decode_slots, check_int, check_optional_int, check_tensor, int_tables,
+                       lengths_from_bounds)
 from ..scan.algorithm import check_start_positions
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
@@ -56,14 +57,17 @@ class HostStep:
         count), which puts the chunk grid at multiples of chunk_size of absolute positions.
     slots, has_initial: per sequence, as state_indices and has_initial_state.
     captures: (sequence, offset, slot) of the captures that are written (not skipped), sorted.
+    slots, has_initial and captures are None for a batch built from host lengths and captures
+    (prefill_batch's host_cu_seqlens), which reads nothing back: the Mamba-2 chunked kernels need
+    none of them; host_indices reads them back for the paths that do.
     prepared: device tables derived from these, built by the first layer that needs them and
         shared by the step's other layers.
     """
 
     start_positions: list[int]
-    slots: list[int]
-    has_initial: list[bool]
-    captures: list[tuple[int, int, int]]
+    slots: list[int] | None
+    has_initial: list[bool] | None
+    captures: list[tuple[int, int, int]] | None
     prepared: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -149,7 +153,7 @@ def _has_initial(has_initial_state, nseq: int, device) -> tuple[torch.Tensor | N
 
 def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_seq=None,
                   capture_offset=None, capture_slot=None, skip_slot=PAD_SLOT_ID, nslots=None,
-                  validate=True, start_positions=None) -> PrefillBatch:
+                  validate=True, start_positions=None, host_cu_seqlens=None) -> PrefillBatch:
     """Describe a prefill step once; pass the result to every layer's prefill calls.
 
     Args:
@@ -158,7 +162,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
             its slot (where has_initial_state[s], else from zeros) and leaves its final state there.
         has_initial_state: (nseq,) bool tensor or a list of nseq bools, optional (default: every
             sequence continues).
-        capture_seq, capture_offset, capture_slot: (ncapture,) int32/int64, all or none: write the
+        capture_seq, capture_offset, capture_slot: (ncapture,) int32/int64 (capture_seq and
+            capture_offset may also be host lists of ints), all or none: write the
             state of sequence capture_seq[i] after capture_offset[i] tokens of this pass into slot
             capture_slot[i] (0 <= offset <= the sequence's length), in the same pass. Any order.
             A capture whose slot is skip_slot is dropped: an engine can propose captures on the
@@ -175,7 +180,13 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
             num_computed_tokens). Needed by the prefill ops' chunked algorithm, which puts its
             chunk grid there and plans chunks on the host: with start_positions the batch reads
             its lengths, slots, flags and captures back to the host in one transfer (one device
-            sync on CUDA, even with validate=False).
+            sync on CUDA, even with validate=False), unless host_cu_seqlens is given.
+        host_cu_seqlens: cu_seqlens's values on the host (a list of ints), optional. With it,
+            start_positions, validate=False, and capture_seq and capture_offset (if any) as host
+            lists of ints (capture_slot stays a device tensor), the batch reads nothing back: an
+            engine hands over what it holds on the host. The Mamba-2 chunked kernels then read
+            slots, flags and capture slots on the device; the other chunked paths read them back
+            once a step (host_indices).
     """
     check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
     nseq = cu_seqlens.shape[0] - 1
@@ -189,14 +200,24 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     given = [t is not None for t in (capture_seq, capture_offset, capture_slot)]
     if any(given) and not all(given):
         raise ValueError("capture_seq, capture_offset and capture_slot go together: give all three or none")
-    ncap = 0
+    host_bounds = None if host_cu_seqlens is None else _host_ints("host_cu_seqlens", host_cu_seqlens, nseq + 1)
+    ncap, host_captures = 0, False
     if all(given):
-        _index("capture_seq", capture_seq, None)
-        ncap = capture_seq.shape[0]
-        for name, t in (("capture_offset", capture_offset), ("capture_slot", capture_slot)):
-            check_tensor(name, t, [("ncapture", ncap)], INDEX_DTYPES)
-        for name, t in (("capture_seq", capture_seq), ("capture_offset", capture_offset),
-                        ("capture_slot", capture_slot)):
+        host_captures = not isinstance(capture_seq, torch.Tensor) and not isinstance(capture_offset, torch.Tensor)
+        if host_captures:
+            check_tensor("capture_slot", capture_slot, [("ncapture", None)], INDEX_DTYPES)
+            ncap = capture_slot.shape[0]
+            capture_seq = _host_ints("capture_seq", capture_seq, ncap)
+            capture_offset = _host_ints("capture_offset", capture_offset, ncap)
+            tensors = (("capture_slot", capture_slot),)
+        else:
+            _index("capture_seq", capture_seq, None)
+            ncap = capture_seq.shape[0]
+            for name, t in (("capture_offset", capture_offset), ("capture_slot", capture_slot)):
+                check_tensor(name, t, [("ncapture", ncap)], INDEX_DTYPES)
+            tensors = (("capture_seq", capture_seq), ("capture_offset", capture_offset),
+                       ("capture_slot", capture_slot))
+        for name, t in tensors:
             if t.device != device:
                 raise ValueError(f"{name} is on {t.device} but cu_seqlens is on {device}")
     skip_slot = check_optional_int("skip_slot", skip_slot)
@@ -205,6 +226,11 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     # The kernels index these by row: make them dense (a no-op for the usual contiguous tensors).
     state_indices = state_indices.contiguous()
     cu = (cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.long()).contiguous()
+    if host_bounds is not None and start_positions is not None and not validate and (host_captures or not ncap):
+        return _host_batch(cu, host_bounds, state_indices, has_initial_state, capture_seq, capture_offset,
+                           capture_slot, skip_slot, start_positions)
+    if host_captures:  # to the device in one copy, for the paths below
+        capture_seq, capture_offset = int_tables(device, capture_seq, capture_offset)
     on_host = device.type == "cpu" or validate or start_positions is not None
     if not on_host:
         # The kernels read lengths from cu_seqlens on the device; the host list only carries the count.
@@ -236,6 +262,49 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         host = HostStep(positions, slots, has_initial_host,
                         [(s, k, slot) for s, k, slot in written if slots[s] != skip_slot])
     return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, bounds[-1])
+
+
+def _host_ints(name: str, values, count: int) -> list[int]:
+    """A host list (or tuple) of `count` ints."""
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__}")
+    if len(values) != count:
+        raise ValueError(f"{name} must hold {count} ints, got {len(values)}")
+    return [check_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, capture_offset, capture_slot,
+                skip_slot, start_positions) -> PrefillBatch:
+    """prefill_batch from host lengths and captures: nothing read back, one host-to-device copy
+    (the capture table, its slots gathered into (sequence, offset) order on the device)."""
+    device = cu.device
+    seqs = Sequences(cu, lengths_from_bounds(bounds), varlen=True)
+    positions = check_start_positions(start_positions, seqs)
+    captures = _no_captures(seqs.count, device)
+    if capture_slot is not None and capture_slot.numel():
+        order = sorted(range(len(capture_seq)), key=lambda i: (capture_seq[i], capture_offset[i]))
+        entries = [(capture_seq[i], capture_offset[i], None) for i in order]  # rows stay on the device
+        _, ptr, offsets, _ = capture_lists([(s, k, 0) for s, k, _ in entries], seqs.count)
+        ptr, offsets, order_t = int_tables(device, ptr, offsets, order)
+        captures = CaptureTable(ptr, offsets, capture_slot.long()[order_t], entries)
+    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot,
+                        HostStep(positions, None, None, None))
+
+
+def host_indices(batch: PrefillBatch) -> HostStep:
+    """The batch's HostStep with its slots, flags and captures on the host: as built, or read back
+    once a step (one transfer) for a batch built from host data."""
+    host = batch.host
+    if host.slots is not None:
+        return host
+    if "host indices" not in host.prepared:
+        cap = batch.captures
+        slots, flags, cap_slots = _read_back(batch.state_indices, batch.has_initial, cap.row if cap.count else None)
+        has_initial = [bool(f) for f in flags] if flags is not None else [True] * batch.seqs.count
+        written = [(s, k, slot) for (s, k, _), slot in zip(cap.entries, cap_slots or [])
+                   if slot != batch.skip_slot and slots[s] != batch.skip_slot]
+        host.prepared["host indices"] = HostStep(host.start_positions, slots, has_initial, written, host.prepared)
+    return host.prepared["host indices"]
 
 
 def _validate_prefill(bounds, slots, capture_seq, capture_offset, capture_slot, skip_slot, nslots):

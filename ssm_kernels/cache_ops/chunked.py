@@ -26,7 +26,7 @@ from ..scan.algorithm import ALGORITHMS, ChunkedRules
 from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch
 from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton
 from ..scan.mamba2 import mamba2_problem
-from .batch import PrefillBatch
+from .batch import PrefillBatch, host_indices
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _step(batch: PrefillBatch) -> ChunkedStep:
 
 
 def _build_step(batch: PrefillBatch) -> ChunkedStep:
-    host = batch.host
+    host = host_indices(batch)
     device = batch.seqs.cu_seqlens.device
     live = [s for s, slot in enumerate(host.slots) if slot != batch.skip_slot]
     reads = [slot != batch.skip_slot and h for slot, h in zip(host.slots, host.has_initial)]
@@ -134,19 +134,23 @@ def _unstage(batch: PrefillBatch, step: ChunkedStep, out, y, token_dim: int) -> 
 def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
                    backend: str, chunk_size: int) -> None:
     """mamba2_prefill's chunked algorithm; arguments validated (x: (ntokens, nheads, headdim))."""
-    step = _step(batch)
-    nheads, headdim, dstate = ssm_state.shape[1:]
-    tables = _per_step(batch, ("mamba2", chunk_size), lambda: make_chunk_tables(
-        step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device))
     u = lambda t: None if t is None else t.unsqueeze(0)
     inputs = (u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, bool(dt_softplus), dt_limit)
-    if backend == "triton":  # the kernels read and write the slots themselves, and skip skipped rows
-        problem = mamba2_problem(*inputs, ssm_state, batch.state_indices, step.seqs, step.captures, u(out),
+    if backend == "triton":
+        # The kernels read and write the slots themselves and leave skipped rows (and their
+        # captures) alone: the batch's own tables serve, nothing is read back.
+        tables = _per_step(batch, ("mamba2 tables", chunk_size), lambda: make_chunk_tables(
+            batch.seqs, batch.captures, chunk_size, batch.host.start_positions, x.device))
+        problem = mamba2_problem(*inputs, ssm_state, batch.state_indices, batch.seqs, batch.captures, u(out),
                                  ssm_state, ssm_state, has_initial=batch.has_initial, skip_slot=batch.skip_slot)
         workspace = _per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),
                               lambda: new_workspace(problem, tables))
         run_chunked_triton(problem, tables, workspace)
         return
+    step = _step(batch)
+    nheads, headdim, dstate = ssm_state.shape[1:]
+    tables = _per_step(batch, ("mamba2", chunk_size), lambda: make_chunk_tables(
+        step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device))
     final = _scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
     y = _staged(batch, step, out)
     run_chunked_torch(mamba2_problem(*inputs, _initial_states(batch, step, ssm_state), None, step.seqs,

@@ -194,13 +194,15 @@ def _tail_checkpoint(builder, md, common, rows):
 
 def attach_start_positions(md, common) -> None:
     """Each prefill row's computed-token count (its absolute start position), from vLLM's host
-    metadata (seq_lens_cpu_upper_bound is exact for prefill rows): the chunked scan's grid."""
-    md._ssm_start_positions = None
+    metadata (seq_lens_cpu_upper_bound is exact for prefill rows): the chunked scan's grid; and
+    the prefill rows' cu_seqlens on the host (query_start_loc_p's values)."""
+    md._ssm_start_positions = md._ssm_prefill_bounds = None
     if md.num_prefills == 0:
         return
     rows = range(common.num_reqs - md.num_prefills, common.num_reqs)
     seq_lens, starts = common.seq_lens_cpu_upper_bound.tolist(), common.query_start_loc_cpu.tolist()
     md._ssm_start_positions = [seq_lens[r] - (starts[r + 1] - starts[r]) for r in rows]
+    md._ssm_prefill_bounds = [starts[r] - starts[rows[0]] for r in rows] + [starts[rows[-1] + 1] - starts[rows[0]]]
 
 
 def attach_captures(builder, md, common) -> None:
@@ -231,13 +233,13 @@ def attach_captures(builder, md, common) -> None:
     keys = sorted(entries)
     # Built on pinned host memory and copied without blocking, as vLLM builds its own metadata.
     tensor = lambda values: async_tensor_h2d(values, dtype=torch.int64, device=device)
-    seq, offset = tensor([i for i, _ in keys]), tensor([k for _, k in keys])
     req_rows, cols = tensor([entries[k][0] for k in keys]), tensor([entries[k][1] for k in keys])
-    md._ssm_capture = (seq, offset, req_rows, cols)
+    md._ssm_capture = ([i for i, _ in keys], [k for _, k in keys], req_rows, cols)
 
 
 def step_captures(md):
-    """(capture_seq, capture_offset, capture_slot) for the step's prefill rows, or Nones."""
+    """(capture_seq, capture_offset, capture_slot) for the step's prefill rows, or Nones: the
+    sequences and offsets as host lists, the slots on the device."""
     cap = getattr(md, "_ssm_capture", None)
     slots = getattr(md, "_ssm_capture_slots", None)
     if cap is None or slots is None:
@@ -272,6 +274,7 @@ def patch_builder(builder_cls) -> None:
         # Another KV-cache group with the same spec: its own blocks for the same columns.
         new._ssm_capture = getattr(metadata, "_ssm_capture", None)
         new._ssm_start_positions = getattr(metadata, "_ssm_start_positions", None)
+        new._ssm_prefill_bounds = getattr(metadata, "_ssm_prefill_bounds", None)
         gather_slots(new, blk_table)
         return new
 

@@ -64,13 +64,19 @@ def _prefill_batch(md):
     batch = getattr(md, "_ssm_prefill_batch", None)
     if batch is None:
         seq, offset, slot = captures.step_captures(md)
-        validate = _validate(md.query_start_loc_p)
-        # The chunked scan plans on the host: its batch reads the step's indices back once.
         positions = getattr(md, "_ssm_start_positions", None) if prefill_algorithm() != "recurrent" else None
-        batch = cache_ops.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
-                                     has_initial_state=md.has_initial_states_p, capture_seq=seq,
-                                     capture_offset=offset, capture_slot=slot,
-                                     skip_slot=cache_ops.PAD_SLOT_ID, validate=validate, start_positions=positions)
+        if positions is not None:
+            # The chunked scan plans on the host from vLLM's host metadata: nothing is read back.
+            batch = cache_ops.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
+                                         has_initial_state=md.has_initial_states_p, capture_seq=seq,
+                                         capture_offset=offset, capture_slot=slot,
+                                         skip_slot=cache_ops.PAD_SLOT_ID, validate=False, start_positions=positions,
+                                         host_cu_seqlens=md._ssm_prefill_bounds)
+        else:
+            batch = cache_ops.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
+                                         has_initial_state=md.has_initial_states_p, capture_seq=seq,
+                                         capture_offset=offset, capture_slot=slot, skip_slot=cache_ops.PAD_SLOT_ID,
+                                         validate=_validate(md.query_start_loc_p))
         md._ssm_prefill_batch = batch
     return batch
 
