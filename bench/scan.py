@@ -49,15 +49,11 @@ def failed(*errors) -> dict:
 
 
 def algorithms(fn) -> list[str]:
-    """The algorithms `fn` offers: its `algorithm` keyword's default, plus "chunked" when the
-    library has it; ["recurrent"] when there is no such keyword."""
-    param = inspect.signature(fn).parameters.get("algorithm")
-    if param is None:
+    """The algorithms to measure for `fn`: "recurrent", plus "chunked" when `fn` takes an
+    `algorithm` keyword and the library has it ("auto" runs one of the two)."""
+    if "algorithm" not in inspect.signature(fn).parameters or "chunked" not in ALGORITHMS:
         return ["recurrent"]
-    names = [param.default]
-    if "chunked" in ALGORITHMS and "chunked" not in names:
-        names.append("chunked")
-    return names
+    return ["recurrent", "chunked"]
 
 
 @dataclass
@@ -185,6 +181,8 @@ class ScanBench:
                     kw["chunk_size"] = self.cfg.chunk_size
             return lambda: ssm_kernels.mamba2_scan(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
                                                    dt_bias=inp["dt_bias"], dt_softplus=True, **kw)
+        if "algorithm" in inspect.signature(ssm_kernels.mamba1_scan).parameters:
+            kw["algorithm"] = algorithm
         return lambda: ssm_kernels.mamba1_scan(inp["u"], inp["delta"], inp["A"], inp["B"], inp["C"], D=inp["D"],
                                                z=inp["z"], delta_bias=inp["delta_bias"], delta_softplus=True, **kw)
 

@@ -190,11 +190,11 @@ def test_algorithms_follow_the_signature():
     def old(x, *, backend="auto"):
         pass
 
-    def new(x, *, algorithm="recurrent", chunk_size=None):
+    def new(x, *, algorithm="auto", chunk_size=None):
         pass
 
     assert algorithms(old) == ["recurrent"]
-    assert algorithms(new)[0] == "recurrent"
+    assert algorithms(new) == ["recurrent", "chunked"]
 
 
 def test_markdown_table_formats_figures():

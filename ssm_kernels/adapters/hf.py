@@ -173,7 +173,8 @@ def use_ssm_kernels(model, *, backend: str = "auto"):
     Supported mixers: Mamba-2 (Mamba2, Bamba, NemotronH, FalconH1, Zamba2, GraniteMoeHybrid) and
     Mamba-1 (Mamba, FalconMamba, Jamba). The model's own projections, norms and gating stay; the
     conv and the scan become causal_conv1d and mamba2_scan / mamba1_scan (prefill, continuing
-    from the cache) or the decode steps (one token with a cached state). Inference only.
+    from the cache, with the scans' default algorithm "auto": README.md, section "Semantics and
+    exactness") or the decode steps (one token with a cached state). Inference only.
     ``generate`` continues a cache from the position its SSM layers are at (see
     ``_continuing_the_cache``): given the whole sequence so far, it computes only the tokens past
     the cache.

@@ -185,8 +185,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 
     Args (mamba_ssm's):
         x: (batch, seqlen, nheads, headdim); dt: (batch, seqlen, nheads); A: (nheads,) real;
-        B, C: (batch, seqlen, ngroups, dstate); chunk_size: a positive int (the recurrent scan
-            needs no chunks; it is checked and otherwise ignored);
+        B, C: (batch, seqlen, ngroups, dstate); chunk_size: a positive int, checked and
+            otherwise ignored (the scan runs mamba2_scan's default algorithm, "auto", with its own
+            chunk size);
         D: (nheads, headdim) or (nheads,); z: like x; dt_bias: (nheads,);
         initial_states: (batch, nheads, headdim, dstate): the state before each row (with seq_idx,
             before its first sequence, which must be labelled 0);

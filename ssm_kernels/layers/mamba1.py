@@ -90,12 +90,13 @@ class Mamba1Mixer(SSMMixer):
         return dt, B, C
 
     def _scan(self, u, dt, B, C, gate, initial_states, cu_seqlens=None, capture=None):
-        """mamba1_scan on token-major (batch, seqlen, channels) tensors."""
+        """mamba1_scan on token-major (batch, seqlen, channels) tensors. Recurrent: the layer's
+        passes continue each other bit for bit at any split ("auto" picks per pass)."""
         t = lambda v: v.transpose(1, 2)
         return mamba1_scan(t(u), t(dt), -torch.exp(self.A_log.float()), t(B), t(C), D=self.D.float(), z=t(gate),
                            delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
                            initial_states=initial_states, cu_seqlens=cu_seqlens, capture=capture,
-                           backend=self.backend)
+                           backend=self.backend, algorithm="recurrent")
 
     def _mix(self, hidden_states, state, cu_seqlens, capture):
         x, gate = self._linear(self.in_proj, hidden_states).chunk(2, dim=-1)

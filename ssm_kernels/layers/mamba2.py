@@ -52,9 +52,10 @@ class Mamba2Mixer(SSMMixer):
     outputs, states and snapshots are bit-identical however a sequence is split into passes;
     ``exact=False`` (default) runs them as plain batched ops (faster; splits agree to rounding).
     ``backend`` goes to the kernels ("auto": Triton on CUDA, PyTorch on CPU); ``algorithm`` and
-    ``chunk_size`` to mamba2_scan: the default "recurrent" is exact at any split; "chunked" is
-    faster for long GPU prefills and exact at splits on multiples of chunk_size (absolute
-    positions: the layer passes its states' positions), elsewhere to rounding only.
+    ``chunk_size`` to mamba2_scan, with the layer's states' positions as the chunked grid's
+    absolute start. The layer's default is "recurrent" (mamba2_scan's is "auto", which picks per
+    pass): warm == cold at any split. "chunked" is faster for long GPU prefills; what it and
+    "auto" are exact at: README.md, section "Semantics and exactness".
     """
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, state_size: int = 128,

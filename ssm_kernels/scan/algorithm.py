@@ -1,11 +1,13 @@
 """The prefill algorithms of mamba2_scan and mamba1_scan: their names, and the rules each chunked
 path sets (chunk sizes, the length from which "auto" takes it), in one place.
 
-- "recurrent": one token at a time; exact at any split, batching and captures.
+- "recurrent": one token at a time.
 - "chunked": chunks at the multiples of chunk_size of absolute positions (each sequence's first
-  token at start_positions[s], default 0); exact at splits on that grid, batching and captures.
-- "auto": "recurrent" for CPU tensors; on CUDA "chunked" when the longest sequence of the pass has
-  at least the path's auto_min_tokens tokens.
+  token at start_positions[s], default 0).
+- "auto", the scans' default: "recurrent" for CPU tensors; on CUDA "chunked" when the longest
+  sequence of the pass has at least the path's auto_min_tokens tokens (a modelled crossover).
+
+What each is exact at, "auto" included: README.md, section "Semantics and exactness".
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ def _as_rows(t, ngroups):
 
 
 def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
-                initial_states=None, cu_seqlens=None, capture=None, backend="auto", algorithm="recurrent",
+                initial_states=None, cu_seqlens=None, capture=None, backend="auto", algorithm="auto",
                 chunk_size=None, start_positions=None) -> ScanResult:
     """Selective scan in mamba_ssm's selective_scan_fn layout, with in-pass captures.
 
@@ -37,10 +37,10 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
         z: (batch, dim, seqlen), optional gate.
         initial_states: (nseq, dim, dstate) float32, optional (zeros).
         cu_seqlens, capture, backend: as in mamba2_scan (sequences packed along seqlen).
-        algorithm: "recurrent" (default; exact at any split, one token at a time), "chunked"
-            (parallel in time: exact at splits on its chunk grid) or "auto" (recurrent on CPU; on
-            CUDA chunked from ssm_kernels.scan.mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS tokens).
-            See ssm_kernels.scan.mamba1_chunked.
+        algorithm: "auto" (default: recurrent on CPU; on CUDA chunked when the longest sequence
+            has at least ssm_kernels.scan.mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS tokens),
+            "recurrent" (one token at a time) or "chunked" (parallel in time). Pass "recurrent"
+            where passes must agree bit for bit at any split.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 256
             (default 64). Ignored by "recurrent".
         start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
@@ -52,9 +52,8 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
         ScanResult(y: (batch, dim, seqlen) in u's dtype, final_states: (nseq, dim, dstate) float32,
         captured_states: (ncapture, dim, dstate) float32).
 
-    Exact (algorithm="recurrent") across splits, batching and captures, as mamba2_scan. The
-    chunked algorithm keeps batching and captures bitwise, and splits at multiples of chunk_size
-    (absolute positions): a pass that starts there continues one longer pass bit for bit.
+    What each algorithm is exact at (splits, batching, captures), what "auto" picks, and the
+    accuracy: README.md, section "Semantics and exactness".
     """
     check_tensor_args(dict(u=u, delta=delta, A=A, B=B, C=C),
                       dict(D=D, z=z, delta_bias=delta_bias, initial_states=initial_states, cu_seqlens=cu_seqlens))

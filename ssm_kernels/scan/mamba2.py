@@ -73,7 +73,7 @@ def mamba2_problem(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, state_i
 
 def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
                 dt_limit=(0.0, math.inf), initial_states=None, cu_seqlens=None, capture=None,
-                backend="auto", algorithm="recurrent", chunk_size=None, start_positions=None) -> ScanResult:
+                backend="auto", algorithm="auto", chunk_size=None, start_positions=None) -> ScanResult:
     """Selective scan over a prefill pass (Mamba-2 multi-head layout), with in-pass captures.
 
     Per head h (group g = h // (nheads // ngroups)) and token t:
@@ -97,10 +97,10 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         capture: (ncapture, 2) int tensor or a sequence of (sequence index, offset) pairs with
             0 <= offset <= that sequence's length; any order, duplicates allowed.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
-        algorithm: "recurrent" (default; one token at a time), "chunked" (matmuls inside chunks;
-            fast on GPU for long passes) or "auto" (recurrent on CPU; on CUDA chunked when the
-            longest sequence has at least ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS
-            tokens). See ssm_kernels.scan.algorithm and ssm_kernels.scan.mamba2_chunked.
+        algorithm: "auto" (default: recurrent on CPU; on CUDA chunked when the longest sequence
+            has at least ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS tokens),
+            "recurrent" (one token at a time) or "chunked" (matmuls inside chunks; fast on GPU for
+            long passes). Pass "recurrent" where passes must agree bit for bit at any split.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
             (default 256). Ignored by "recurrent".
         start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
@@ -113,8 +113,8 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         captured_states: (ncapture, nheads, headdim, dstate) float32, the state after the first
         `offset` tokens of the named sequence, in the order given).
 
-    Exactness per algorithm (splits, batching, captures) and accuracy: README.md, section
-    "Semantics and exactness".
+    What each algorithm is exact at (splits, batching, captures), what "auto" picks, and the
+    accuracy: README.md, section "Semantics and exactness".
     """
     nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
     check_tensor_args({}, dict(initial_states=initial_states, cu_seqlens=cu_seqlens))
