@@ -106,12 +106,14 @@ def softplus(v):
 @triton.jit
 def discretize_dt(dt, dt_bias, dt_min, dt_max, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
     """dt' = clamp(softplus(dt + dt_bias) if DT_SOFTPLUS else dt + dt_bias, dt_min, dt_max), fp32
-    (dt_bias read only with HAS_DT_BIAS)."""
+    (dt_bias read only with HAS_DT_BIAS). A NaN stays NaN, as in torch.clamp (the default min and
+    max return the other operand: a NaN dt would become dt_min, a finite decay)."""
     if HAS_DT_BIAS:
         dt += dt_bias
     if DT_SOFTPLUS:
         dt = softplus(dt)
-    return tl.minimum(tl.maximum(dt, dt_min), dt_max)
+    nan = tl.PropagateNan.ALL
+    return tl.minimum(tl.maximum(dt, dt_min, propagate_nan=nan), dt_max, propagate_nan=nan)
 
 
 @triton.jit

@@ -30,9 +30,12 @@ ZERO_DECAY_LOG = ZERO_DECAY_LOG2.value * math.log(2)  # in natural-log units
 
 def dt_cumsum(dt, A):
     """Stage 1 of a chunk, after discretize_dt: cs = cumsum(dt' * A) (L, H) from dt' (L, H) and
-    A (H,), each token's log decay floored as the Triton kernels floor it."""
+    A (H,), each token's log decay floored as the Triton kernels floor it. The floor's sum skips
+    NaN and the floor is selected, so a NaN dt' stays NaN at its own token and spares the ones
+    before it."""
     a = dt * A
-    return torch.cumsum(torch.maximum(a, -ZERO_DECAY_LOG - a.clamp(min=0).sum(0)), dim=0)
+    floor = -ZERO_DECAY_LOG - torch.where(a > 0, a, 0.0).sum(0)
+    return torch.cumsum(torch.where(a < floor, floor, a), dim=0)
 
 
 def state_after(S0, cs, dt, x, B, j):
@@ -47,9 +50,15 @@ def chunk_output(S0, cs, dt, x, B, C, D, z):
     and the gate z (L, H, P) may be None."""
     n = x.shape[0]
     causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[:, :, None]
-    decay = torch.exp((cs[:, None] - cs[None]).masked_fill(~causal, float("-inf")))  # (i, j, H)
-    scores = torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None]
-    y = torch.einsum("ijh,jhp->ihp", scores, x)
+    # The causal mask selects: a product with a zero mask would carry a later token's NaN or inf
+    # (or an overflowed decay above the diagonal) back to earlier rows as NaN.
+    decay = torch.exp(cs[:, None] - cs[None])  # (i, j, H)
+    scores = torch.where(causal, torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None], 0.0)
+    # A non-finite x_j enters the matmul as zero (it would reach every row), and its column is
+    # NaN from row j on, as the Triton kernel does it.
+    finite = torch.isfinite(x)
+    y = torch.einsum("ijh,jhp->ihp", scores, torch.where(finite, x, 0.0))
+    y = torch.where(torch.cummin(finite, dim=0).values, y, float("nan"))
     y = y + torch.einsum("ihn,hpn->ihp", C, S0) * torch.exp(cs)[:, :, None]
     if D is not None:
         y = y + D * x
