@@ -10,7 +10,9 @@ binder for sm_90a, the cache key) and returns; for the counts, a second pass rec
 (triton_static.launches.recording) and the torch dispatches. Per op, for the step's first layer and
 for the later layers: host time (median), launches, torch kernels and views dispatched, and
 allocations (outputs whose storage no input shares); a step's batch is built before its layers
-(prefill_batch's own time is its own row). A warm-up step first, so that one-time work (each
+(prefill_batch's own time is its own row), from host lengths and captures as the vLLM plugin
+builds it, and the layers are called as the plugin calls them: the first with validate=True, the
+later ones with validate=False. A warm-up step first, so that one-time work (each
 kernel's binder) is not counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
@@ -69,12 +71,14 @@ class Dispatches(TorchDispatchMode):
 
 
 def _batch_args(device) -> tuple[tuple, dict]:
-    """prefill_batch's arguments for one step: four rows, two captures, start positions."""
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    """prefill_batch's arguments for one step as an engine gives them (the vLLM plugin): four rows,
+    two captures, start positions; lengths and the captures' sequences and offsets on the host."""
+    bounds = [0, *torch.tensor(LENGTHS).cumsum(0).tolist()]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     return (cu, torch.arange(len(LENGTHS), dtype=torch.int32, device=device)), dict(
-        has_initial_state=[True, False, True, False], capture_seq=torch.tensor([0, 2], device=device),
-        capture_offset=torch.tensor([16, 40], device=device), capture_slot=torch.tensor([8, 9], device=device),
-        nslots=16, validate=False, start_positions=[32, 0, 16, 0])
+        has_initial_state=torch.tensor([True, False, True, False], device=device), capture_seq=[0, 2],
+        capture_offset=[16, 40], capture_slot=torch.tensor([8, 9], device=device), nslots=16, validate=False,
+        start_positions=[32, 0, 16, 0], host_cu_seqlens=bounds)
 
 
 def _step(device):
@@ -101,26 +105,28 @@ def _step(device):
 
 def calls(s) -> dict:
     """The ops measured, each a call of one layer on the step `s` (outputs allocated once, as an
-    engine's are)."""
+    engine's are), taking `validate` as the vLLM plugin passes it: True for a step's first layer."""
     y2, y1, conv_out = torch.empty_like(s["x"]), torch.empty_like(s["u"]), torch.empty_like(s["xbc"])
     d = s["nseq"]  # decode: one token a row
     y2d = torch.empty_like(s["x"][:d])
-    mamba2 = lambda algorithm: lambda: cache_ops.mamba2_prefill(
+    mamba2 = lambda algorithm: lambda validate: cache_ops.mamba2_prefill(
         s["prefill"], s["x"], s["dt"], s["A"], s["B"], s["C"], ssm_state=s["ssm2"], out=y2, D=s["D"],
-        dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK)
-    mamba1 = lambda algorithm: lambda: cache_ops.mamba1_prefill(
+        dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK,
+        validate=validate)
+    mamba1 = lambda algorithm: lambda validate: cache_ops.mamba1_prefill(
         s["prefill"], s["u"], s["delta"], s["A1"], s["B1"], s["C1"], ssm_state=s["ssm1"], out=y1,
-        delta_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK)
+        delta_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK, validate=validate)
     return {
         "mamba2_prefill recurrent": mamba2("recurrent"),
         "mamba2_prefill chunked": mamba2("chunked"),
         "mamba1_prefill recurrent": mamba1("recurrent"),
         "mamba1_prefill chunked": mamba1("chunked"),
-        "conv_prefill": lambda: cache_ops.conv_prefill(s["prefill"], s["xbc"], s["w"], conv_state=s["conv"],
-                                                       out=conv_out, activation="silu", backend="triton"),
-        "mamba2_decode": lambda: cache_ops.mamba2_decode(
+        "conv_prefill": lambda validate: cache_ops.conv_prefill(
+            s["prefill"], s["xbc"], s["w"], conv_state=s["conv"], out=conv_out, activation="silu", backend="triton",
+            validate=validate),
+        "mamba2_decode": lambda validate: cache_ops.mamba2_decode(
             s["decode"], s["x"][:d], s["dt"][:d], s["A"], s["B"][:d], s["C"][:d], ssm_state=s["ssm2"], out=y2d,
-            D=s["D"], dt_bias=s["dt_bias"], dt_softplus=True, backend="triton"),
+            D=s["D"], dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", validate=validate),
     }
 
 
@@ -176,13 +182,13 @@ def measure(layers: int, repeats: int) -> list[dict]:
             with launches_stubbed(binding):
                 for repeat in range(repeats + 1):
                     call = calls(_step(cpu))[name]
-                    times = [_timed(call) for _ in range(layers)]
+                    times = [_timed(lambda: call(layer == 0)) for layer in range(layers)]
                     if repeat:  # the first step warms up
                         if binding:
                             first.append(times[0])
                         kept += times[1:]
         call = calls(_step(cpu))[name]
-        counts = [_counted(call) for _ in range(layers)]
+        counts = [_counted(lambda: call(layer == 0)) for layer in range(layers)]
         rows.append({"op": name, "first": {"us": statistics.median(first), **counts[0]},
                      "later": {"us": statistics.median(later),
                                "binding_us": statistics.median(later) - statistics.median(unbound),

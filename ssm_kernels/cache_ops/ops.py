@@ -83,7 +83,7 @@ def _check_batch(batch, cls, device, cache_name, cache, ntokens=None, token_axis
 
 def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
                    dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto", algorithm="recurrent",
-                   chunk_size=None) -> None:
+                   chunk_size=None, validate=True) -> None:
     """One Mamba-2 layer's scan over a prefill step, states in place in the engine's cache.
 
     Args:
@@ -102,15 +102,22 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
             chunked on CUDA from ssm_kernels.scan.mamba2_chunked.AUTO_CHUNKED_MIN_TOKENS tokens in the
             longest row, when the batch has start positions; else recurrent).
         chunk_size: the chunked algorithm's, as in mamba2_scan (default 256).
+        validate: check every argument against the others and the batch (default). False skips
+            those checks, for an engine whose step's layers all take tensors alike (it may
+            validate the step's first layer and not the others); invalid input is then undefined
+            behaviour.
 
     Exact: the chunked algorithm gives the bits of mamba2_scan(algorithm="chunked") on the same
     rows with the same start positions; a row that resumes at a multiple of chunk_size (absolute
     position) from a float32 cache continues a longer pass bit for bit.
     """
-    device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("ntokens",))
-    _check_batch(batch, PrefillBatch, device, "ssm_state", ssm_state, token_axis=x.shape[0])
-    dt_softplus = check_bool("dt_softplus", dt_softplus)
-    dt_limit = check_dt_limit(dt_limit)
+    if check_bool("validate", validate):
+        device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("ntokens",))
+        _check_batch(batch, PrefillBatch, device, "ssm_state", ssm_state, token_axis=x.shape[0])
+        dt_softplus = check_bool("dt_softplus", dt_softplus)
+        dt_limit = check_dt_limit(dt_limit)
+    else:
+        device, dt_limit = x.device, (float(dt_limit[0]), float(dt_limit[1]))
     backend = resolve_backend(backend, device)
     chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
     if chunked.resolve(algorithm, batch, device, mamba2_chunked.RULES) == "chunked":
@@ -124,17 +131,20 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
 
 
 def mamba2_decode(batch: DecodeBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
-                  dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto") -> None:
+                  dt_softplus=False, dt_limit=(0.0, math.inf), backend="auto", validate=True) -> None:
     """One decode token per row for one Mamba-2 layer, the state updated in the cache.
 
     x: (batch, nheads, headdim); dt: (batch, nheads); B, C: (batch, ngroups, dstate);
-    ssm_state: (nslots, nheads, headdim, dstate); out like x; the rest as in mamba2_prefill.
-    Bit-identical to a one-token prefill from the same state.
+    ssm_state: (nslots, nheads, headdim, dstate); out like x; the rest as in mamba2_prefill
+    (validate too). Bit-identical to a one-token prefill from the same state.
     """
-    device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("batch",))
-    _check_batch(batch, DecodeBatch, device, "ssm_state", ssm_state, x.shape[0])
-    dt_softplus = check_bool("dt_softplus", dt_softplus)
-    dt_limit = check_dt_limit(dt_limit)
+    if check_bool("validate", validate):
+        device = _check_mamba2(x, dt, A, B, C, D, z, dt_bias, ssm_state, out, ("batch",))
+        _check_batch(batch, DecodeBatch, device, "ssm_state", ssm_state, x.shape[0])
+        dt_softplus = check_bool("dt_softplus", dt_softplus)
+        dt_limit = check_dt_limit(dt_limit)
+    else:
+        device, dt_limit = x.device, (float(dt_limit[0]), float(dt_limit[1]))
     backend = resolve_backend(backend, device)
     u = lambda t: None if t is None else t.unsqueeze(1)
     problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
@@ -195,17 +205,22 @@ def _cache_fields(batch, ssm_state, ngroups, decode):
 
 
 def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
-                   delta_softplus=False, backend="auto", algorithm="recurrent", chunk_size=None) -> None:
+                   delta_softplus=False, backend="auto", algorithm="recurrent", chunk_size=None,
+                   validate=True) -> None:
     """One Mamba-1 layer's scan over a prefill step (selective_scan_fn's varlen layout).
 
     u, delta, z, out: (dim, ntokens); A: (dim, dstate) float32; B, C: (dstate, ntokens) or
     (ngroups, dstate, ntokens); D, delta_bias: (dim,); ssm_state: (nslots, dim, dstate) cache.
     algorithm, chunk_size: as in mamba2_prefill, with mamba1_scan's chunked algorithm (chunk_size
     default 64, at most 256; "auto" from ssm_kernels.scan.mamba1_chunked.AUTO_CHUNKED_MIN_TOKENS).
+    validate: as in mamba2_prefill.
     """
-    device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=1)
-    _check_batch(batch, PrefillBatch, device, "ssm_state", ssm_state, token_axis=u.shape[1])
-    delta_softplus = check_bool("delta_softplus", delta_softplus)
+    if check_bool("validate", validate):
+        device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=1)
+        _check_batch(batch, PrefillBatch, device, "ssm_state", ssm_state, token_axis=u.shape[1])
+        delta_softplus = check_bool("delta_softplus", delta_softplus)
+    else:
+        device, ngroups = u.device, 1 if B.ndim == 2 else B.shape[0]
     backend = resolve_backend(backend, device)
     chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
     rows = lambda t: None if t is None else t.unflatten(0, (ngroups, -1)).permute(2, 0, 1).unsqueeze(0)
@@ -219,15 +234,18 @@ def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=
 
 
 def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
-                  delta_softplus=False, backend="auto") -> None:
+                  delta_softplus=False, backend="auto", validate=True) -> None:
     """One decode token per row for one Mamba-1 layer.
 
     u, delta, z, out: (batch, dim); B, C: (batch, dstate) or (batch, ngroups, dstate); the rest as
-    in mamba1_prefill.
+    in mamba1_prefill (validate too).
     """
-    device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=0)
-    _check_batch(batch, DecodeBatch, device, "ssm_state", ssm_state, u.shape[0])
-    delta_softplus = check_bool("delta_softplus", delta_softplus)
+    if check_bool("validate", validate):
+        device, ngroups = _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis=0)
+        _check_batch(batch, DecodeBatch, device, "ssm_state", ssm_state, u.shape[0])
+        delta_softplus = check_bool("delta_softplus", delta_softplus)
+    else:
+        device, ngroups = u.device, 1 if B.ndim == 2 else B.shape[1]
     backend = resolve_backend(backend, device)
     rows = lambda t: None if t is None else t.unflatten(1, (ngroups, -1)).unsqueeze(1)  # (batch, 1, G, P)
     bc = lambda t: (t.unsqueeze(1) if t.ndim == 2 else t).unsqueeze(1)  # (batch, 1, G, N)
@@ -256,7 +274,7 @@ def _check_conv(x, weight, bias, conv_state, out, activation):
 
 
 def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, activation=None,
-                 backend="auto") -> None:
+                 backend="auto", validate=True) -> None:
     """One layer's causal conv over a prefill step, conv states in place in the engine's cache.
 
     Args:
@@ -267,11 +285,15 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
             a position, oldest first; rows read their slot (has_initial_state), final states and
             captures are written in the cache's dtype.
         out: like x, written.
+        validate: as in mamba2_prefill.
     """
-    check_tensor_args(dict(x=x, weight=weight, conv_state=conv_state, out=out), dict(bias=bias))
-    check_tensor("x", x, [("dim", None), ("ntokens", None)], FLOAT_DTYPES)
-    device = _check_conv(x, weight, bias, conv_state, out, activation)
-    _check_batch(batch, PrefillBatch, device, "conv_state", conv_state, token_axis=x.shape[1])
+    if check_bool("validate", validate):
+        check_tensor_args(dict(x=x, weight=weight, conv_state=conv_state, out=out), dict(bias=bias))
+        check_tensor("x", x, [("dim", None), ("ntokens", None)], FLOAT_DTYPES)
+        device = _check_conv(x, weight, bias, conv_state, out, activation)
+        _check_batch(batch, PrefillBatch, device, "conv_state", conv_state, token_axis=x.shape[1])
+    else:
+        device = x.device
     backend = resolve_backend(backend, device)
     seqs = batch.seqs
     if backend == "triton":
@@ -285,20 +307,24 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
 
 
 def conv_decode(batch: DecodeBatch, x, weight, bias=None, *, conv_state, out, activation=None,
-                backend="auto") -> None:
+                backend="auto", validate=True) -> None:
     """One decode token per row through one layer's causal conv, the conv state shifted in place.
 
     x, out: (batch, dim); conv_state: (nslots, dim, width - 1), any strides; the rest as in
     conv_prefill. Rows read and write state_indices (a distinct dst_state_indices is not supported
-    here: the conv state is shifted in place).
+    here: the conv state is shifted in place). validate: as in mamba2_prefill.
     """
-    check_tensor_args(dict(x=x, weight=weight, conv_state=conv_state, out=out), dict(bias=bias))
-    check_tensor("x", x, [("batch", None), ("dim", None)], FLOAT_DTYPES)
-    check_tensor("out", out, [("batch", x.shape[0]), ("dim", x.shape[1])], FLOAT_DTYPES)  # 2-D before .t()
-    device = _check_conv(x.t(), weight, bias, conv_state, out.t(), activation)
-    _check_batch(batch, DecodeBatch, device, "conv_state", conv_state, x.shape[0])
-    if batch.dst_state_indices is not None:
-        raise ValueError("conv_decode updates the conv state in place: build its DecodeBatch without dst_state_indices")
+    if check_bool("validate", validate):
+        check_tensor_args(dict(x=x, weight=weight, conv_state=conv_state, out=out), dict(bias=bias))
+        check_tensor("x", x, [("batch", None), ("dim", None)], FLOAT_DTYPES)
+        check_tensor("out", out, [("batch", x.shape[0]), ("dim", x.shape[1])], FLOAT_DTYPES)  # 2-D before .t()
+        device = _check_conv(x.t(), weight, bias, conv_state, out.t(), activation)
+        _check_batch(batch, DecodeBatch, device, "conv_state", conv_state, x.shape[0])
+        if batch.dst_state_indices is not None:
+            raise ValueError("conv_decode updates the conv state in place: build its DecodeBatch without "
+                             "dst_state_indices")
+    else:
+        device = x.device
     backend = resolve_backend(backend, device)
     problem = ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=activation is not None,
                           state_in=conv_state, seqs=batch.seqs, captures=batch.captures, out=out.unsqueeze(-1),

@@ -81,6 +81,15 @@ def _prefill_batch(md):
     return batch
 
 
+def _first_layer(md, kind: str) -> bool:
+    """True for the step's first layer call of this kind: it validates its arguments; the step's
+    other layers take tensors laid out alike and skip the checks (host time per layer)."""
+    seen = md.__dict__.setdefault("_ssm_validated", set())
+    first = kind not in seen
+    seen.add(kind)
+    return first
+
+
 def _decode_batch(md):
     batch = getattr(md, "_ssm_decode_batch", None)
     if batch is None:
@@ -109,24 +118,24 @@ def mamba2_conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.
         return x.view(rows, nheads, self.head_dim), B.view(rows, ngroups, -1), C.view(rows, ngroups, -1)
 
     if md.num_prefills > 0:
-        batch = _prefill_batch(md)
+        batch, check = _prefill_batch(md), _first_layer(md, "mamba2 prefill")
         conv_out = torch.empty_like(xbc_p)  # (tokens, conv_dim); the engine writes its transpose view
         cache_ops.conv_prefill(batch, xbc_p.t(), self.conv_weights, self.conv1d.bias, conv_state=conv_state,
-                            out=conv_out.t(), activation=self.activation)
+                            out=conv_out.t(), activation=self.activation, validate=check)
         x, B, C = scan_inputs(conv_out, npf)
         cache_ops.mamba2_prefill(batch, x, dt_p, self.A, B, C, ssm_state=ssm_state,
                               out=out_p.view(npf, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
                               dt_softplus=True, dt_limit=(0.0, float("inf")), algorithm=prefill_algorithm(),
-                              chunk_size=_chunk_size(md))
+                              chunk_size=_chunk_size(md), validate=check)
     if md.num_decodes > 0:
-        batch = _decode_batch(md)
+        batch, check = _decode_batch(md), _first_layer(md, "mamba2 decode")
         conv_out = torch.empty_like(xbc_d)
         cache_ops.conv_decode(batch, xbc_d, self.conv_weights, self.conv1d.bias, conv_state=conv_state,
-                           out=conv_out, activation=self.activation)
+                           out=conv_out, activation=self.activation, validate=check)
         x, B, C = scan_inputs(conv_out, nd)
         cache_ops.mamba2_decode(batch, x, dt_d, self.A, B, C, ssm_state=ssm_state,
                              out=out_d.view(nd, nheads, self.head_dim), D=self.D, dt_bias=self.dt_bias,
-                             dt_softplus=True, dt_limit=(0.0, float("inf")))
+                             dt_softplus=True, dt_limit=(0.0, float("inf")), validate=check)
 
 
 def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor):
@@ -144,21 +153,21 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
     # out_proj takes as they are (vLLM's CPU linear needs a contiguous last axis).
     y = torch.empty(nd + npf, dim, dtype=xbc.dtype, device=xbc.device)
     if md.num_decodes > 0:
-        batch = _decode_batch(md)
+        batch, check = _decode_batch(md), _first_layer(md, "mamba1 decode")
         conv_out = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
         cache_ops.conv_decode(batch, xbc[:, :nd].t(), weights, self.conv1d.bias, conv_state=conv_state,
-                           out=conv_out, activation=self.activation)
+                           out=conv_out, activation=self.activation, validate=check)
         dt, B, C = self._ssm_transform(conv_out)  # dt: (dim, nd); B, C: (nd, dstate)
         cache_ops.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y[:nd], D=self.D,
-                             z=gate[:, :nd].t(), delta_bias=time_bias, delta_softplus=True)
+                             z=gate[:, :nd].t(), delta_bias=time_bias, delta_softplus=True, validate=check)
     if md.num_prefills > 0:
-        batch = _prefill_batch(md)
+        batch, check = _prefill_batch(md), _first_layer(md, "mamba1 prefill")
         xbc_p = xbc[:, nd:nd + npf]
         conv_out = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()  # (dim, tokens)
         cache_ops.conv_prefill(batch, xbc_p, weights, self.conv1d.bias, conv_state=conv_state, out=conv_out,
-                            activation=self.activation)
+                            activation=self.activation, validate=check)
         dt, B, C = self._ssm_transform(conv_out.transpose(-2, -1))  # dt: (dim, tokens); B, C: (tokens, dstate)
         cache_ops.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y[nd:].t(),
                               D=self.D, z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True,
-                              algorithm=prefill_algorithm())
+                              algorithm=prefill_algorithm(), validate=check)
     output[:nd + npf] = self.out_proj(y)[0]
