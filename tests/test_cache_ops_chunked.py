@@ -300,3 +300,21 @@ def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
         call(batch)  # the step's second layer
         monkeypatch.undo()
         assert reads == ["tolist"], "one read a step"
+
+
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+def test_a_layer_without_validation_gives_the_same_bits(algorithm):
+    """validate=False (a step's later layers, as an engine calls them) skips the checks and
+    changes nothing else; a non-bool validate is refused."""
+    kw, cache = _mamba2_case(torch.float32)
+    kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
+    cache = cache.to(torch.get_default_device())
+    results = []
+    for validate in (True, False):
+        c, out = cache.clone(), torch.zeros_like(kw["x"][0])
+        _mamba2_prefill(_batch(), kw, c, out, backend="triton", algorithm=algorithm, chunk_size=CHUNK,
+                        validate=validate)
+        results.append((c, out))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    with pytest.raises(TypeError, match="validate"):
+        _mamba2_prefill(_batch(), kw, cache, torch.zeros_like(kw["x"][0]), algorithm=algorithm, validate=1)
