@@ -264,10 +264,9 @@ def _host_batch_args():
 
 
 def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
-    """Built from host lengths and captures, a step reads nothing back on the Mamba-2 chunked Triton
-    path, the conv and the recurrent scans, and gives the bits of a step that read its indices
-    back; the paths that plan with the slots on the host (Mamba-1's chunked scan, the PyTorch
-    chunked scan) read them back once a step."""
+    """Built from host lengths and captures, a step reads nothing back on the chunked Triton paths,
+    the conv and the recurrent scans, and gives the bits of a step that read its indices back;
+    the PyTorch chunked paths, which plan with the slots on the host, read them back once a step."""
     kw, cache = _mamba2_case(torch.bfloat16)
     kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
     cache = cache.to(torch.get_default_device())
@@ -276,6 +275,9 @@ def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
     args, kwargs = _host_batch_args()
     out = torch.full_like(kw["x"][0], float("nan"))
     xbc, conv_state = torch.randn(8, sum(LENGTHS)), torch.zeros(NSLOTS, 3, 8).transpose(1, 2)
+    kw1 = {k: v.to(cache.device) for k, v in mamba1_inputs(1, sum(LENGTHS), ngroups=2).items()}
+    mamba1 = lambda b, **options: _mamba1_prefill(b, kw1, torch.zeros(NSLOTS, 12, 8), torch.zeros(12, sum(LENGTHS)),
+                                                  algorithm="chunked", chunk_size=CHUNK, **options)
     reads = _count_reads(monkeypatch)
     batch = cache_ops.prefill_batch(*args, **kwargs)
     for algorithm in ("chunked", "recurrent"):
@@ -283,15 +285,14 @@ def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
                         if algorithm == "recurrent" else out, backend="triton", algorithm=algorithm, chunk_size=CHUNK)
     cache_ops.conv_prefill(batch, xbc, torch.ones(8, 4), conv_state=conv_state, out=torch.empty_like(xbc),
                            backend="triton")
+    mamba1(batch, backend="triton")
     assert reads == []
     monkeypatch.undo()
     live = _live_tokens()
     assert torch.equal(out[live], want_out[live]) and torch.equal(cache, want_cache)
     assert torch.isnan(out[-LENGTHS[-1]:]).all(), "the skipped row wrote its output"
 
-    kw1 = {k: v.to(cache.device) for k, v in mamba1_inputs(1, sum(LENGTHS), ngroups=2).items()}
-    for call in (lambda b: _mamba1_prefill(b, kw1, torch.zeros(NSLOTS, 12, 8), torch.zeros(12, sum(LENGTHS)),
-                                           backend="triton", algorithm="chunked", chunk_size=CHUNK),
+    for call in (lambda b: mamba1(b, backend="torch"),
                  lambda b: _mamba2_prefill(b, kw, cache.clone(), out.clone(), backend="torch", algorithm="chunked",
                                            chunk_size=CHUNK)):
         batch = cache_ops.prefill_batch(*args, **kwargs)

@@ -1,16 +1,18 @@
 """The prefill ops' chunked algorithm: the chunked scans of mamba2_scan and mamba1_scan on an
 engine's batch, with states read from and written to the cache by slot.
 
-A thin layer around the public chunked pipelines: gather the rows' initial states from their
-slots (zeros where a row starts fresh), run the chunked scan on the packed pass with the chunk
-grid at the rows' absolute start positions, then store the final states into their slots rounded
-to the cache's dtype to nearest even, as the recurrent kernels store them. Captures go straight
-into their slots, rounded the same way by the kernels (their capture rows are the slots), so no
-copy moves them. The step's index tables go to the device in one copy, built by the step's first
-layer and kept on the batch; so are its scratch tensors (the kernels' workspaces, the
-gathered initial states, the float32 final states, a staging output when a skipped row has
-tokens): every layer of a step has the same shapes, so the later layers allocate nothing on the
-Triton path. (The PyTorch path, for CPU, works in temporaries.)
+On Triton the kernels read each row's initial state from its slot, write its final state and its
+captures into their slots (rounded to the cache's dtype to nearest even, as the recurrent kernels
+store them) and leave skipped rows alone, on the batch's own tables: no torch op around them, and
+nothing read back (a batch built from host data, prefill_batch's host_cu_seqlens, reads nothing
+at all). The step's tables go to the device in one copy and its workspace is allocated once, both
+by the step's first layer and kept on the batch (every layer of a step has the same shapes).
+
+The PyTorch path (for CPU) plans with the slots on the host (read back once a step where the
+batch came from host data) around the public chunked pipelines: it gathers the rows' initial
+states from their slots (zeros where a row starts fresh), runs the chunked scan on the packed
+pass with the chunk grid at the rows' absolute start positions, then stores the final states
+into their slots rounded as above; captures go straight into their slots.
 """
 from __future__ import annotations
 
@@ -160,9 +162,17 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
 
 
 def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, backend: str,
-                   chunk_size: int) -> None:
+               chunk_size: int, slot_fields: dict) -> None:
     """mamba1_prefill's chunked algorithm; arguments validated. make_problem(y, **fields) builds
-    the layer's ScanProblem writing y (a (dim, ntokens) tensor) with the given state fields."""
+    the layer's ScanProblem writing y (a (dim, ntokens) tensor) with the given state fields;
+    slot_fields are those of the scan in place in the cache, by the batch's slots."""
+    positions = batch.host.start_positions
+    if backend == "triton":  # the kernel reads and writes the slots itself, as for Mamba-2
+        problem = make_problem(out, **slot_fields)
+        key = ("mamba1 workspace", chunk_size, out.shape, problem.B.dtype, problem.C.dtype, ssm_state.shape[1:])
+        mamba1_triton(problem, chunk_size, positions, _per_step(
+            batch, key, lambda: mamba1_workspace(problem, chunk_size, positions)))
+        return
     step = _step(batch)
     dim, dstate = ssm_state.shape[1:]
     final = _scratch(batch, "final", (step.seqs.count, dim, dstate), torch.float32, out.device)
@@ -171,12 +181,6 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     problem = make_problem(y, state_in=grouped(_initial_states(batch, step, ssm_state)), state_index=None,
                            seqs=step.seqs, captures=step.captures, state_out=grouped(final),
                            captured=grouped(ssm_state))
-    positions = batch.host.start_positions
-    if backend == "triton":
-        key = ("mamba1 workspace", chunk_size, out.shape, problem.B.dtype, problem.C.dtype, ssm_state.shape[1:])
-        mamba1_triton(problem, chunk_size, positions, _per_step(
-            batch, key, lambda: mamba1_workspace(problem, chunk_size, positions)))
-    else:
-        mamba1_chunked.run(problem, backend, chunk_size, positions)
+    mamba1_chunked.run(problem, backend, chunk_size, positions)
     _unstage(batch, step, out, y, 1)
     _store_final(batch, step, ssm_state, final)

@@ -228,7 +228,8 @@ def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=
     problem = lambda y, **fields: _mamba1_problem((rows(u), rows(delta), rows(z), rows(y)), (bc(B), bc(C)), A, D,
                                                   delta_bias, delta_softplus, ngroups, **fields)
     if chunked.resolve(algorithm, batch, device, mamba1_chunked.RULES) == "chunked":
-        chunked.run_mamba1(batch, problem, out, ssm_state, ngroups, backend, chunk_size)
+        chunked.run_mamba1(batch, problem, out, ssm_state, ngroups, backend, chunk_size,
+                           _cache_fields(batch, ssm_state, ngroups, False))
     else:
         dispatch.run(problem(out, **_cache_fields(batch, ssm_state, ngroups, False)), backend)
 

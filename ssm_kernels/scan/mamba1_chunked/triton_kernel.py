@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, ptr_or,
-                        sequence_span, strides_or_zeros)
+                        row_slots, sequence_span, strides_or_zeros)
 from ..problem import ScanProblem
 
 
@@ -83,11 +83,21 @@ def _stage_bc_kernel(B_ptr, C_ptr, stage_ptr, cu_seqlens_ptr, phases_ptr, seqlen
 
 
 @triton.jit
+def _kept(row, skip_slot, HAS_SKIP: tl.constexpr):
+    """Whether a capture is written: an engine declines one by pointing it at the skip slot. (Masks
+    take it through tl.where: the interpreter mistypes a tensor mask & a scalar one.)"""
+    keep = row == row
+    if HAS_SKIP:
+        keep = row != skip_slot
+    return keep
+
+
+@triton.jit
 def _mamba1_chunk_kernel(
     x_ptr, dt_ptr, A_ptr, stage_ptr, D_ptr, z_ptr, dt_bias_ptr,
-    state_in_ptr, state_out_ptr, y_ptr, captured_ptr,
+    state_in_ptr, state_out_ptr, y_ptr, captured_ptr, slot_in_ptr, has_initial_ptr,
     cu_seqlens_ptr, phases_ptr, cap_ptr_ptr, cap_offset_ptr, cap_row_ptr,
-    seqlen, dstate, ngroups, nchunks, dt_min, dt_max,
+    seqlen, dstate, ngroups, nchunks, dt_min, dt_max, skip_slot,
     s_x_b, s_x_t, s_x_g, s_x_p,
     s_dt_b, s_dt_t, s_dt_g, s_dt_p,
     s_A_g, s_A_p, s_A_n,
@@ -99,7 +109,8 @@ def _mamba1_chunk_kernel(
     s_out_s, s_out_g, s_out_p, s_out_n,
     s_cap_r, s_cap_g, s_cap_p, s_cap_n,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_POSITIONS: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
+    HAS_SKIP: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_POSITIONS: tl.constexpr,
     HAS_CAPTURE: tl.constexpr, NR: tl.constexpr, NL: tl.constexpr, CHUNK: tl.constexpr,
     PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
 ):
@@ -107,6 +118,9 @@ def _mamba1_chunk_kernel(
     i_g = tl.program_id(1).to(tl.int64)
     i_p = tl.program_id(2).to(tl.int64)
     i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
+    # An engine's cache: the row's slot, read and written in place; a skipped row does nothing.
+    i_in, i_out, live, starts, length = row_slots(i_s, length, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
+                                                  HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
     phase = length - length  # the pass's first token's place in its chunk
     if HAS_POSITIONS:
         phase += tl.load(phases_ptr + i_s)
@@ -140,20 +154,22 @@ def _mamba1_chunk_kernel(
     if HAS_DT_BIAS:
         b_bias = tl.load(dt_bias_ptr + i_g * s_bias_g + i_p * s_bias_p).to(tl.float32)
 
+    h0 = tl.zeros([NR, NL], dtype=tl.float32)
     if HAS_INITIAL_STATE:
-        h0 = tl.load(state_in_ptr + i_s * s_in_s + i_g * s_in_g + i_p * s_in_p + o_n2 * s_in_n, mask=m_n2, other=0.0)
-    else:
-        h0 = tl.zeros([NR, NL], dtype=tl.float32)
+        p_h0 = state_in_ptr + i_in * s_in_s + i_g * s_in_g + i_p * s_in_p + o_n2 * s_in_n
+        h0 = tl.load(p_h0, mask=tl.where(starts, m_n2, False), other=0.0).to(tl.float32)
 
     c = 0
     c_hi = 0
     if HAS_CAPTURE:
         c = tl.load(cap_ptr_ptr + i_s)
-        c_hi = tl.load(cap_ptr_ptr + i_s + 1)
+        c_hi = tl.where(live, tl.load(cap_ptr_ptr + i_s + 1), c)  # a skipped row captures nothing
         # Captures at offset 0: the initial state.
         while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=-1) == 0:
-            p_cap = captured_ptr + tl.load(cap_row_ptr + c) * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
-            tl.store(p_cap + o_n2 * s_cap_n, cast_for_store(h0, p_cap.dtype.element_ty), mask=m_n2)
+            row = tl.load(cap_row_ptr + c)
+            p_cap = captured_ptr + row * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
+            tl.store(p_cap + o_n2 * s_cap_n, cast_for_store(h0, p_cap.dtype.element_ty),
+                     mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n2, False))
             c += 1
 
     # Triton's software pipeline loads the next chunks' inputs while one is computed.
@@ -184,13 +200,17 @@ def _mamba1_chunk_kernel(
             # Captures after this chunk's tokens: the state after offset k is h at token k - 1.
             while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=lo + CHUNK + 1) <= lo + CHUNK:
                 at = tl.load(cap_offset_ptr + c) - 1 - lo  # its position in the chunk
-                p_cap = captured_ptr + tl.load(cap_row_ptr + c) * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
+                row = tl.load(cap_row_ptr + c)
+                p_cap = captured_ptr + row * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
                 b_cap = cast_for_store(h, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-                tl.store(p_cap + o_n * s_cap_n + o_t * 0, b_cap, mask=m_n & (o_t == at))
+                tl.store(p_cap + o_n * s_cap_n + o_t * 0, b_cap,
+                         mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n & (o_t == at), False))
                 c += 1
         h0 = _last_token(h, CHUNK)  # past the pass's end the tokens are identities: the final state
 
-    tl.store(state_out_ptr + i_s * s_out_s + i_g * s_out_g + i_p * s_out_p + o_n2 * s_out_n, h0, mask=m_n2)
+    p_out = state_out_ptr + i_out * s_out_s + i_g * s_out_g + i_p * s_out_p + o_n2 * s_out_n
+    tl.store(p_out, cast_for_store(h0, p_out.dtype.element_ty), mask=tl.where(live, m_n2, False))
+
 
 
 def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int]:
@@ -229,7 +249,9 @@ def new_workspace(p: ScanProblem, chunk: int, start_positions: list[int]) -> Wor
 
 def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Workspace | None = None) -> None:
     """Stage B and C per chunk, then launch over (sequence, group, channel); writes p.y,
-    p.state_out, p.captured. ws: a workspace of this pass's shapes to reuse, else a new one."""
+    p.state_out, p.captured (by slot on an engine's cache: p.state_index, has_initial and
+    skip_slot as the recurrent kernel takes them). ws: a workspace of this pass's shapes to reuse,
+    else a new one."""
     nseq = p.seqs.count
     if nseq == 0:
         return
@@ -248,9 +270,10 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
     _mamba1_chunk_kernel[(nseq, ngroups, rows)](
         ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(stage, out), ptr_or(p.D, out),
         ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out, ptr_or(p.y, out),
-        ptr_or(p.captured, out), ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out),
-        ptr_or(cap.ptr, out), ptr_or(cap.offset, out), ptr_or(cap.row, out),
-        p.x.shape[1], dstate, ngroups, nchunks, p.dt_min, p.dt_max,
+        ptr_or(p.captured, out), ptr_or(p.state_index, out), ptr_or(p.has_initial, out),
+        ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), ptr_or(cap.ptr, out), ptr_or(cap.offset, out),
+        ptr_or(cap.row, out), p.x.shape[1], dstate, ngroups, nchunks, p.dt_min, p.dt_max,
+        0 if p.skip_slot is None else p.skip_slot,
         *p.x.stride(), *p.dt.stride(), *p.A.stride(),
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
