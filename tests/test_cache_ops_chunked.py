@@ -319,3 +319,22 @@ def test_a_layer_without_validation_gives_the_same_bits(algorithm):
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     with pytest.raises(TypeError, match="validate"):
         _mamba2_prefill(_batch(), kw, cache, torch.zeros_like(kw["x"][0]), algorithm=algorithm, validate=1)
+
+
+def test_a_step_from_host_data_sends_one_copy(monkeypatch):
+    """prefill_batch(..., chunk_size=...) from host data sends the step's capture and chunk tables
+    to the device in one copy; the step's layers send none."""
+    from ssm_kernels.cache_ops import batch as batch_module, chunked as chunked_module
+    from ssm_kernels.scan.mamba2_chunked import tables as tables_module
+    copies = []
+    for module in (batch_module, chunked_module, tables_module):
+        real = module.int_tables
+        monkeypatch.setattr(module, "int_tables", lambda *a, _real=real: (copies.append(1), _real(*a))[1])
+    kw, cache = _mamba2_case(torch.float32)
+    kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
+    args, kwargs = _host_batch_args()
+    batch = cache_ops.prefill_batch(*args, **kwargs, chunk_size=CHUNK)
+    for _ in range(2):  # two layers
+        _mamba2_prefill(batch, kw, cache.to(torch.get_default_device()), torch.empty_like(kw["x"][0]),
+                        backend="triton", algorithm="chunked", chunk_size=CHUNK)
+    assert copies == [1]

@@ -16,7 +16,11 @@ import torch
 from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_lists, capture_table, check_bool,
                        check_decode_slots, check_int, check_optional_int, check_tensor, int_tables,
                        lengths_from_bounds)
+from ..scan import mamba2_chunked
 from ..scan.algorithm import check_start_positions
+from ..scan.mamba2_chunked.tables import make_chunk_tables, plan_chunks
+
+CHUNK_TABLES = "mamba2 chunk tables"  # HostStep.prepared's key (with the chunk size)
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
 PAD_SLOT_ID = -1
@@ -153,7 +157,7 @@ def _has_initial(has_initial_state, nseq: int, device) -> tuple[torch.Tensor | N
 
 def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_seq=None,
                   capture_offset=None, capture_slot=None, skip_slot=PAD_SLOT_ID, nslots=None,
-                  validate=True, start_positions=None, host_cu_seqlens=None) -> PrefillBatch:
+                  validate=True, start_positions=None, host_cu_seqlens=None, chunk_size=None) -> PrefillBatch:
     """Describe a prefill step once; pass the result to every layer's prefill calls.
 
     Args:
@@ -187,6 +191,9 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
             engine hands over what it holds on the host. The Mamba-2 chunked kernels then read
             slots, flags and capture slots on the device; the other chunked paths read them back
             once a step (host_indices).
+        chunk_size: the chunk size of the step's Mamba-2 chunked layers, optional: with
+            host_cu_seqlens, their chunk tables go to the device in the batch's one copy (else
+            the step's first chunked layer sends them in one of their own).
     """
     check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
     nseq = cu_seqlens.shape[0] - 1
@@ -228,7 +235,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     cu = (cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.long()).contiguous()
     if host_bounds is not None and start_positions is not None and not validate and (host_captures or not ncap):
         return _host_batch(cu, host_bounds, state_indices, has_initial_state, capture_seq, capture_offset,
-                           capture_slot, skip_slot, start_positions)
+                           capture_slot, skip_slot, start_positions,
+                           None if chunk_size is None else mamba2_chunked.check_chunk_size(chunk_size))
     if host_captures:  # to the device in one copy, for the paths below
         capture_seq, capture_offset = int_tables(device, capture_seq, capture_offset)
     on_host = device.type == "cpu" or validate or start_positions is not None
@@ -274,21 +282,37 @@ def _host_ints(name: str, values, count: int) -> list[int]:
 
 
 def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, capture_offset, capture_slot,
-                skip_slot, start_positions) -> PrefillBatch:
-    """prefill_batch from host lengths and captures: nothing read back, one host-to-device copy
-    (the capture table, its slots gathered into (sequence, offset) order on the device)."""
+                skip_slot, start_positions, chunk_size) -> PrefillBatch:
+    """prefill_batch from host lengths and captures: nothing read back, at most one host-to-device
+    copy (the capture table, its slots gathered into (sequence, offset) order on the device, and
+    the chunk tables for chunk_size)."""
     device = cu.device
     seqs = Sequences(cu, lengths_from_bounds(bounds), varlen=True)
     positions = check_start_positions(start_positions, seqs)
+    ncap = 0 if capture_slot is None else capture_slot.shape[0]
+    order = sorted(range(ncap), key=lambda i: (capture_seq[i], capture_offset[i]))
+    entries = [(capture_seq[i], capture_offset[i], None) for i in order]  # rows stay on the device
+    capture_tables = capture_lists([(s, k, 0) for s, k, _ in entries], seqs.count)[1:3] + (order,) if ncap else ()
+    plan = plan_chunks(seqs, entries, chunk_size, positions) if chunk_size else None
+    tensors = int_tables(device, *capture_tables, *(plan.device_lists if plan else ()))
     captures = _no_captures(seqs.count, device)
-    if capture_slot is not None and capture_slot.numel():
-        order = sorted(range(len(capture_seq)), key=lambda i: (capture_seq[i], capture_offset[i]))
-        entries = [(capture_seq[i], capture_offset[i], None) for i in order]  # rows stay on the device
-        _, ptr, offsets, _ = capture_lists([(s, k, 0) for s, k, _ in entries], seqs.count)
-        ptr, offsets, order_t = int_tables(device, ptr, offsets, order)
+    if ncap:
+        ptr, offsets, order_t = tensors[:3]
         captures = CaptureTable(ptr, offsets, capture_slot.long()[order_t], entries)
-    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot,
-                        HostStep(positions, None, None, None))
+    host = HostStep(positions, None, None, None)
+    if plan:
+        host.prepared[CHUNK_TABLES, chunk_size] = plan.on_device(*tensors[-2:])
+    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host)
+
+
+def step_chunk_tables(batch: PrefillBatch, chunk_size: int):
+    """The step's Mamba-2 chunk tables (ChunkTables) for chunk_size: sent in the batch's copy, or
+    built by the first layer that asks and kept for the step's others."""
+    prepared = batch.host.prepared
+    if (CHUNK_TABLES, chunk_size) not in prepared:
+        prepared[CHUNK_TABLES, chunk_size] = make_chunk_tables(batch.seqs, batch.captures, chunk_size,
+                                                               batch.host.start_positions, batch.seqs.cu_seqlens.device)
+    return prepared[CHUNK_TABLES, chunk_size]
 
 
 def host_indices(batch: PrefillBatch) -> HostStep:

@@ -28,7 +28,7 @@ from ..scan.algorithm import ALGORITHMS, ChunkedRules
 from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch
 from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton
 from ..scan.mamba2 import mamba2_problem
-from .batch import PrefillBatch, host_indices
+from .batch import PrefillBatch, host_indices, step_chunk_tables
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,7 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
     if backend == "triton":
         # The kernels read and write the slots themselves and leave skipped rows (and their
         # captures) alone: the batch's own tables serve, nothing is read back.
-        tables = _per_step(batch, ("mamba2 tables", chunk_size), lambda: make_chunk_tables(
-            batch.seqs, batch.captures, chunk_size, batch.host.start_positions, x.device))
+        tables = step_chunk_tables(batch, chunk_size)
         problem = mamba2_problem(*inputs, ssm_state, batch.state_indices, batch.seqs, batch.captures, u(out),
                                  ssm_state, ssm_state, has_initial=batch.has_initial, skip_slot=batch.skip_slot)
         workspace = _per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),

@@ -66,12 +66,13 @@ def _prefill_batch(md):
         seq, offset, slot = captures.step_captures(md)
         positions = getattr(md, "_ssm_start_positions", None) if prefill_algorithm() != "recurrent" else None
         if positions is not None:
-            # The chunked scan plans on the host from vLLM's host metadata: nothing is read back.
+            # The chunked scan plans on the host from vLLM's host metadata: nothing is read back,
+            # and the step's tables (captures, Mamba-2 chunks) go to the device in one copy.
             batch = cache_ops.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
                                          has_initial_state=md.has_initial_states_p, capture_seq=seq,
                                          capture_offset=offset, capture_slot=slot,
                                          skip_slot=cache_ops.PAD_SLOT_ID, validate=False, start_positions=positions,
-                                         host_cu_seqlens=md._ssm_prefill_bounds)
+                                         host_cu_seqlens=md._ssm_prefill_bounds, chunk_size=_chunk_size(md))
         else:
             batch = cache_ops.prefill_batch(md.query_start_loc_p, md.state_indices_tensor_p,
                                          has_initial_state=md.has_initial_states_p, capture_seq=seq,

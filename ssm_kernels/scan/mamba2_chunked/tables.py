@@ -113,6 +113,35 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
                       device: torch.device) -> ChunkTables:
     """The tables of a pass. captures.entries gives each capture's (sequence, offset) on the host;
     its rows are read by the kernels only."""
+    plan = plan_chunks(seqs, captures.entries, chunk_size, start_positions)
+    return plan.on_device(*int_tables(device, *plan.device_lists))  # one copy
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """ChunkTables's host side, before its one copy to the device (which a caller may share with
+    tables of its own: int_tables(device, *plan.device_lists, *its_own))."""
+
+    chunk_size: int
+    row_list: list[ChunkRow]
+    capture_list: list[ChunkCapture]
+    chunk_list: list[Chunk]
+    seq_chunk_list: list[int]
+
+    @property
+    def device_lists(self) -> tuple[list, list]:
+        return self.row_list, self.capture_list
+
+    def on_device(self, chunks: torch.Tensor, captures: torch.Tensor) -> ChunkTables:
+        """The tables, given device_lists's tensors (int_tables')."""
+        return ChunkTables(self.chunk_size, chunks.view(-1, len(ChunkRow._fields)),
+                           captures.view(-1, len(ChunkCapture._fields)), self.row_list, self.capture_list,
+                           self.chunk_list, self.seq_chunk_list)
+
+
+def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions: list[int]) -> ChunkPlan:
+    """The chunk grid and the captures' places on it (entries: the capture table's sorted
+    (sequence, offset, row) entries; rows unused)."""
     chunk_list, seq_chunks, firsts = [], [0], []
     for (b, start, length), position in zip(seqs.spans(), start_positions):
         first = chunk_size - position % chunk_size  # tokens up to the next grid point
@@ -124,7 +153,7 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
     empty = [s for s in range(seqs.count) if seq_chunks[s] == seq_chunks[s + 1]]
     last_row = {s: len(chunk_list) + i for i, s in enumerate(empty)}
     capture_list = []
-    for entry, (s, k, _) in enumerate(captures.entries):
+    for entry, (s, k, _) in enumerate(entries):
         if k == seqs.lengths[s]:  # the final state: the end of the last row
             row = last_row.get(s, seq_chunks[s + 1] - 1)
             capture_list.append(ChunkCapture(entry, row, chunk_list[row].length if row < len(chunk_list) else 0))
@@ -143,6 +172,4 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
             rows.append(ChunkRow(*chunk_list[c], s, c - seq_chunks[s], int(c == seq_chunks[s + 1] - 1),
                                  bounds[c], bounds[c + 1]))
     rows += [ChunkRow(0, 0, 0, s, 0, 1, bounds[last_row[s]], bounds[last_row[s] + 1]) for s in empty]
-    chunks, captures_t = int_tables(device, rows, capture_list)  # one copy
-    return ChunkTables(chunk_size, chunks.view(-1, len(ChunkRow._fields)),
-                       captures_t.view(-1, len(ChunkCapture._fields)), rows, capture_list, chunk_list, seq_chunks)
+    return ChunkPlan(chunk_size, rows, capture_list, chunk_list, seq_chunks)
