@@ -19,7 +19,7 @@ def run_torch(p: ConvProblem) -> None:
     dim, width = p.weight.shape
     weight = p.weight.float()
     bias = p.bias.float() if p.bias is not None else None
-    captures, rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
+    captures, capture_rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
     slots = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
     starts = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
     c = 0
@@ -38,7 +38,7 @@ def run_torch(p: ConvProblem) -> None:
         # a new tensor: writing a state in place below cannot change it.)
         p.state_out[slot] = xin[:, length:]
         while c < len(captures) and captures[c][0] == s:
-            (_, k, _), row = captures[c], rows[c]
+            (_, k, _), row = captures[c], capture_rows[c]
             if p.skip_slot is None or row != p.skip_slot:
                 p.captured[row] = xin[:, k:k + width - 1]
             c += 1

@@ -54,7 +54,7 @@ def run_torch(p: ScanProblem) -> None:
     sources = p.state_index.tolist() if p.state_index is not None else range(p.seqs.count)
     targets = p.state_out_index.tolist() if p.state_out_index is not None else sources
     starts = p.has_initial.tolist() if p.has_initial is not None else [True] * p.seqs.count
-    captures, rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
+    captures, capture_rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
     c = 0
     for s, (b, start, length) in enumerate(p.seqs.spans()):
         if p.skip_slot is not None and sources[s] == p.skip_slot:  # a skipped row: nothing read or written
@@ -67,8 +67,8 @@ def run_torch(p: ScanProblem) -> None:
             state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
         for k in range(length + 1):
             while c < len(captures) and captures[c][:2] == (s, k):
-                if p.skip_slot is None or rows[c] != p.skip_slot:
-                    p.captured[rows[c]].copy_(state)
+                if p.skip_slot is None or capture_rows[c] != p.skip_slot:
+                    p.captured[capture_rows[c]].copy_(state)
                 c += 1
             if k == length:
                 break

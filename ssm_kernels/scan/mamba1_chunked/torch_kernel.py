@@ -37,12 +37,12 @@ def run_torch(p: ScanProblem, chunk: int, positions: list[int]) -> None:
     A2 = p.A.float() * (1 / math.log(2))  # exp(dt' A) = exp2(dt' A log2(e)), as the kernel
     D = p.D.float().unsqueeze(-1) if p.D is not None else None
     dt_bias = p.dt_bias.float().unsqueeze(-1) if p.dt_bias is not None else None
-    captures, rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
+    captures, capture_rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
     c = 0
     for s, (b, start, length) in enumerate(p.seqs.spans()):
         h0 = p.state_in[s].float() if p.state_in is not None else torch.zeros(ngroups, rows, dstate, device=device)
         while c < len(captures) and captures[c][:2] == (s, 0):
-            p.captured[rows[c]].copy_(h0)
+            p.captured[capture_rows[c]].copy_(h0)
             c += 1
         for lo in range(-(positions[s] % chunk), length, chunk) if length else ():
             offsets = torch.arange(lo, lo + chunk, device=device)
@@ -65,7 +65,7 @@ def run_torch(p: ScanProblem, chunk: int, positions: list[int]) -> None:
             keep = valid.nonzero().flatten()
             p.y[b, tok[keep]] = y[..., keep].permute(2, 0, 1).to(p.y.dtype)
             while c < len(captures) and captures[c][0] == s and captures[c][1] <= lo + chunk:
-                p.captured[rows[c]].copy_(h[..., captures[c][1] - 1 - lo])
+                p.captured[capture_rows[c]].copy_(h[..., captures[c][1] - 1 - lo])
                 c += 1
             h0 = h[..., -1]
         p.state_out[s] = h0
