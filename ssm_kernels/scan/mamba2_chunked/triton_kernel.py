@@ -324,7 +324,10 @@ def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 if starts:
                     prev = tl.load(state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p[:, None] * s_in_p
                                    + o_n[None, :] * s_in_n, mask=m_pn, other=0.0).to(tl.float32)
-        state = tl.where(n_tok > 0, exp2_flush(tl.load(p_cs + CHUNK - 1)) * prev + own, prev)
+        # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on how the
+        # compiler contracts this line in each specialisation (a pass with and without an initial
+        # state, or on an engine's slots).
+        state = tl.where(n_tok > 0, tl.fma(exp2_flush(tl.load(p_cs + CHUNK - 1)), prev, own), prev)
         if last == 0:
             tl.store(p_hand + (index % 2) * headdim * dstate, state, mask=m_pn)
             _hand_on(p_ready)
@@ -346,9 +349,9 @@ def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 if j == n_tok:
                     b_cap = state
                 elif j > 0:
-                    b_cap = exp2_flush(tl.load(p_cs + j - 1)) * prev + _chunk_contribution(
+                    b_cap = tl.fma(exp2_flush(tl.load(p_cs + j - 1)), prev, _chunk_contribution(
                         p_x, p_B, p_dt, p_cs, j, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
-                        BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                        BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE))
                 tl.store(p_cap + row * s_cap_r, cast_for_store(b_cap, captured_ptr.dtype.element_ty), mask=m_pn)
         b_S0T = cast_for_store(tl.trans(prev), DOT_DTYPE)
         p_cb = cb_ptr + (i_r * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK
