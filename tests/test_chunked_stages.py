@@ -1,9 +1,8 @@
-"""The chunked scan's stages against their float64 references
-(ssm_kernels/scan/mamba2_chunked/reference.py), each fed the references' inputs, so that a wrong
-part fails its own test: the two Triton launches (through the interpreter; launch 1 is stages 1
-and 2, launch 2 stages 3 to 5), and the PyTorch path's per-chunk equivalents of stages 1, 3 and 5
-(it folds stage 2 into 5, and its walk, stage 4, is its loop). The references themselves are
-checked composed, against the float64 scan.
+"""The chunked scan's five stages, each run on its own against its float64 reference
+(ssm_kernels/scan/mamba2_chunked/reference.py) and fed the reference's inputs for that stage, so
+that a wrong stage fails its own test: the Triton stages (through the interpreter), and the
+PyTorch path's per-chunk equivalents of stages 1, 3 and 5 (it folds stage 2 into 5, and its walk,
+stage 4, is its loop). The references themselves are checked composed, against the float64 scan.
 
 The kernels keep cs in base-2 units (cs * log2 e), and C B^T, the inner captures' partial sums and
 the chunk-start states in the matmul dtype: those conversions are made here, not in the references.
@@ -11,6 +10,7 @@ Tolerances (helpers.TOLERANCE): float32's for what a stage computes in float32 f
 the matmul dtype's for what it multiplies or stores in that dtype.
 """
 import math
+from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
@@ -89,53 +89,68 @@ def make_pass(case, dtype, device):
 
 def workspace(run, **given):
     """The pass's Triton workspace, NaN but for the given scratch, copied in from the references
-    (cs converted to base 2, each rounded to its scratch's dtype) into the rows of the chunks
-    (the rows of empty sequences after them hold zeros, as launch 1 leaves them); the ticket and
-    the ready counters zeroed, as launch 1 leaves them."""
+    (cs converted to base 2, each rounded to its scratch's dtype)."""
     ws = tk.new_workspace(run.p, run.tables)
-    for name in ("dt", "cs", "cb", "handoff"):
-        getattr(ws, name).fill_(float("nan"))
-    ws.ready.zero_()
-    ws.ticket.zero_()
+    for f in fields(ws):
+        if f.name != "cfg":
+            getattr(ws, f.name).fill_(float("nan"))
     for name, value in given.items():
-        rows = getattr(ws, name)
-        rows[run.tables.nchunks:] = 0
-        rows[:run.tables.nchunks] = value * LOG2E if name == "cs" else value
+        getattr(ws, name).copy_(value * LOG2E if name == "cs" else value)
     return ws
 
 
-# The Triton launches -----------------------------------------------------------------------------
+# The Triton stages -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_prepare(case, dtype, device):
-    """Launch 1: dt', cs and C B^T (stages 1 and 2 of the references); the ticket and ready
-    counters zeroed."""
+def test_stage1_dt_cumsum(case, dtype, device):
     run = make_pass(case, dtype, device)
     ws = workspace(run)
-    ws.ready.fill_(7)
-    ws.ticket.fill_(7)
-    tk.prepare(run.p, run.tables, ws)
-    n = run.tables.nchunks
-    assert_rel_close(ws.dt[:n], run.want.dt, F32_TOL, "dt'")
-    assert_rel_close(ws.cs[:n] / LOG2E, run.want.cs, F32_TOL, "cs")
-    assert torch.equal(ws.dt[n:], torch.zeros_like(ws.dt[n:])) and torch.equal(ws.cs[n:], torch.zeros_like(ws.cs[n:]))
-    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()  # all the kernels write or read
-    assert_rel_close(torch.where(causal, ws.cb[:n], 0.0), torch.where(causal, run.want.cb, 0.0), run.mm_tol, "C B^T")
-    assert not ws.ready.any() and not ws.ticket.any()
+    tk.stage1_dt_cumsum(run.p, run.tables, ws)
+    assert_rel_close(ws.dt, run.want.dt, F32_TOL, "dt'")
+    assert_rel_close(ws.cs / LOG2E, run.want.cs, F32_TOL, "cs")
+    assert_rel_close(ws.decay, run.want.decay, F32_TOL, "decay")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_chunk_pass(case, dtype, device):
-    """Launch 2 fed the references' dt', cs and C B^T: y, the final states and the captures
-    (stages 3 to 5 of the references)."""
+def test_stage2_chunk_cb(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    ws = workspace(run)
+    tk.stage2_chunk_cb(run.p, run.tables, ws)
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()  # all the kernels write or read
+    assert_rel_close(torch.where(causal, ws.cb, 0.0), torch.where(causal, run.want.cb, 0.0), run.mm_tol, "C B^T")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage3_chunk_state(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    ws = workspace(run, dt=run.want.dt, cs=run.want.cs)
+    tk.stage3_chunk_state(run.p, run.tables, ws)
+    assert_rel_close(ws.states, run.want.states, run.mm_tol, "chunk states")
+    assert_rel_close(ws.partial, run.want.partial, run.mm_tol, "inner captures' partial states")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage4_state_passing(case, dtype, device):
     run = make_pass(case, dtype, device)
     want = run.want
-    ws = workspace(run, dt=want.dt, cs=want.cs, cb=want.cb)
-    tk.chunk_pass(run.p, run.tables, ws)
-    assert_rel_close(run.p.state_out, want.final, F32_TOL if dtype == torch.float32 else run.mm_tol, "final states")
-    assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")
+    ws = workspace(run, states=want.states, decay=want.decay, cs=want.cs, partial=want.partial)
+    tk.stage4_state_passing(run.p, run.tables, ws)
+    assert_rel_close(ws.start, want.start, run.mm_tol, "chunk-start states")  # stored in the matmul dtype
+    assert_rel_close(run.p.state_out, want.final, F32_TOL, "final states")
+    assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")  # the partials' rounding
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stage5_chunk_output(case, dtype, device):
+    run = make_pass(case, dtype, device)
+    want = run.want
+    ws = workspace(run, dt=want.dt, cs=want.cs, cb=want.cb, start=want.start)
+    tk.stage5_chunk_output(run.p, run.tables, ws)
     assert_rel_close(run.p.y, want.y, run.mm_tol, "y")
 
 

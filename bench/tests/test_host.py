@@ -14,7 +14,7 @@ from bench.common import REPO_ROOT as ROOT
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("host")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "bench.host", "--layers", "3", "--repeats", "1", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bench.host", "--layers", "3", "--repeats", "5", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| mamba2_prefill chunked |" in (out / "host.md").read_text()
@@ -24,7 +24,7 @@ def rows(tmp_path_factory):
 # op: (launches, torch kernels, allocations) of a later layer's call
 LATER = {
     "mamba2_prefill recurrent": (2, 1, 1),  # the dt table, allocated per call
-    "mamba2_prefill chunked": (2, 0, 0),  # the kernels read and write the slots themselves
+    "mamba2_prefill chunked": (5, 0, 0),  # the kernels read and write the slots themselves
     "mamba1_prefill recurrent": (1, 0, 0),
     "mamba1_prefill chunked": (2, 0, 0),  # likewise
     "conv_prefill": (1, 0, 0),

@@ -301,7 +301,7 @@ def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, captu
         captures = CaptureTable(ptr, offsets, capture_slot.long()[order_t], entries)
     host = HostStep(positions, None, None, None)
     if plan:
-        host.prepared[CHUNK_TABLES, chunk_size] = plan.on_device(*tensors[-2:])
+        host.prepared[CHUNK_TABLES, chunk_size] = plan.on_device(*tensors[len(capture_tables):])
     return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host)
 
 

@@ -30,11 +30,11 @@ MAX_CHUNK_SIZE = 1024
 #   chain (661 SASS instructions; a program is one warp of 16 state rows, and the 320 programs of
 #   the layer fit one wave, at most one on each scheduler), about 335 cycles a token, 0.18 us at
 #   1.9 GHz: about 23 us for 128 tokens, 45 us for 256;
-# - chunked: two launches whatever the length up to one chunk, with or without captures, each a
-#   short wave: about 4 us each (launch latency plus one wave, assumed), the second longer by its
-#   programs' serial matmuls over the chunk (a few us more at 128 tokens, assumed): about 10-15 us.
-# They cross near 55-85 tokens: the threshold is the next power of two. The GPU suite's crossover
-# section (bench/scan.py) measures it; replace this value with the measured one.
+# - chunked: five kernel launches whatever the length up to one chunk, with or without captures,
+#   each a short wave; at about 4 us per launch (launch latency plus one wave, assumed) that is
+#   about 20 us.
+# They cross near 20 / 0.18 = 113 tokens: the threshold is the next power of two. The GPU suite's
+# crossover section (bench/scan.py) measures it; replace this value with the measured one.
 AUTO_CHUNKED_MIN_TOKENS = 128
 
 RULES = ChunkedRules(DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, AUTO_CHUNKED_MIN_TOKENS, min_reason="the smallest tl.dot tile")

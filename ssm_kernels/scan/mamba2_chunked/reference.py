@@ -1,10 +1,9 @@
 """Float64 references of the chunked scan's five stages (as mamba_ssm has chunk_state_ref and
-state_passing_ref): what each stage of the SSD algorithm computes, stated plainly, so that a wrong
-part fails its own test (tests/test_chunked_stages.py; triton_kernel.py's first launch is stages 1
-and 2, its second stages 3 to 5).
+state_passing_ref): what each stage of triton_kernel.py computes, stated plainly, so that a wrong
+stage fails its own test (tests/test_chunked_stages.py).
 
 Written from the definitions, not from the kernels: natural-log decays (the kernels keep base-2
-ones), each decay exp(cs_i - cs_j) taken whole (the kernel's output factors it through a token
+ones), each decay exp(cs_i - cs_j) taken whole (the output kernel factors it through a token
 before the row block), every product in float64. Inputs are mamba2_scan's tensors (x (batch,
 seqlen, nheads, headdim), dt (batch, seqlen, nheads), A (nheads,), B and C (batch, seqlen, ngroups,
 dstate), any float dtype) and the pass's ChunkTables; head h reads group h // (nheads // ngroups).

@@ -60,6 +60,25 @@ class ChunkRow(NamedTuple):
     capture_end: int
 
 
+class Step(NamedTuple):
+    """A row of ChunkTables.steps: one step of the state-passing walk (Triton's stage 4)."""
+
+    chunk: int
+    first: int  # 1 at the chunk's first step: its start state is stored for the output stage
+    last: int  # 1 at the chunk's last step: the walk moves past the chunk
+    start_entry: int  # a capture of the chunk's start state (its CaptureTable entry), -1 for none
+    inner: int  # the inner capture this step computes (an index into inner_list), -1 for none
+    inner_entry: int  # its CaptureTable entry, -1 for none
+    inner_offset: int  # its offset in the chunk, 0 for none
+
+
+# Columns of ChunkTables.steps: Step's 7 fields and a zero, which pads a row to a power-of-two width
+# (64 bytes): a row's address is its index shifted.
+STEP_WIDTH = 8
+_STEP_PADDING = (0,) * (STEP_WIDTH - len(Step._fields))
+_LAST_ROW = (0,) * STEP_WIDTH  # read a step ahead by the walk's last step, never run
+
+
 @dataclass(frozen=True)
 class ChunkTables:
     """The chunk grid of one pass and the captures mapped onto it.
@@ -73,6 +92,14 @@ class ChunkTables:
         row of length 0 for each empty sequence.
     captures: (ncapture, 3): a ChunkCapture a row, in row order: every capture of the pass (one
         asked for twice is computed twice, the same way).
+    The Triton stages' walk over them (stages 3 and 4):
+    inner: (ninner, 3): inner_list's rows (entry, chunk, offset), in chunk order.
+    steps: (nsteps + 1, STEP_WIDTH): the state-passing walk, a Step a row (and a padding column),
+        one step a chunk, or more where a chunk has several start or inner captures. A row of
+        zeros follows the last step (the walk reads each row a step ahead).
+    seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
+    end_bounds, end_entries: sequence s's final state goes to the captures
+        end_entries[end_bounds[s]:end_bounds[s + 1]] (CaptureTable entries).
     On the host: row_list, capture_list (the same as ChunkRow and ChunkCapture tuples);
     chunk_list (the chunks, Chunk tuples: the first nchunks rows' spans); seq_chunk_list
     (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])).
@@ -81,6 +108,11 @@ class ChunkTables:
     chunk_size: int
     chunks: torch.Tensor
     captures: torch.Tensor
+    inner: torch.Tensor
+    steps: torch.Tensor
+    seq_steps: torch.Tensor
+    end_bounds: torch.Tensor
+    end_entries: torch.Tensor
     row_list: list[ChunkRow]
     capture_list: list[ChunkCapture]
     chunk_list: list[Chunk]
@@ -128,15 +160,23 @@ class ChunkPlan:
     chunk_list: list[Chunk]
     seq_chunk_list: list[int]
 
-    @property
-    def device_lists(self) -> tuple[list, list]:
-        return self.row_list, self.capture_list
+    steps: list[tuple]
+    seq_steps: list[int]
+    end_bounds: list[int]
+    end_entries: list[int]
+    inner_list: list[ChunkCapture]
 
-    def on_device(self, chunks: torch.Tensor, captures: torch.Tensor) -> ChunkTables:
+    @property
+    def device_lists(self) -> tuple[list, ...]:
+        return (self.row_list, self.capture_list, self.inner_list, self.steps, self.seq_steps, self.end_bounds,
+                self.end_entries)
+
+    def on_device(self, chunks, captures, inner, steps, seq_steps, end_bounds, end_entries) -> ChunkTables:
         """The tables, given device_lists's tensors (int_tables')."""
         return ChunkTables(self.chunk_size, chunks.view(-1, len(ChunkRow._fields)),
-                           captures.view(-1, len(ChunkCapture._fields)), self.row_list, self.capture_list,
-                           self.chunk_list, self.seq_chunk_list)
+                           captures.view(-1, len(ChunkCapture._fields)), inner.view(-1, len(ChunkCapture._fields)),
+                           steps.view(-1, STEP_WIDTH), seq_steps, end_bounds, end_entries, self.row_list,
+                           self.capture_list, self.chunk_list, self.seq_chunk_list)
 
 
 def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions: list[int]) -> ChunkPlan:
@@ -172,4 +212,38 @@ def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions
             rows.append(ChunkRow(*chunk_list[c], s, c - seq_chunks[s], int(c == seq_chunks[s + 1] - 1),
                                  bounds[c], bounds[c + 1]))
     rows += [ChunkRow(0, 0, 0, s, 0, 1, bounds[last_row[s]], bounds[last_row[s] + 1]) for s in empty]
-    return ChunkPlan(chunk_size, rows, capture_list, chunk_list, seq_chunks)
+    return ChunkPlan(chunk_size, rows, capture_list, chunk_list, seq_chunks,
+                     *_walk(rows, capture_list, len(chunk_list), seq_chunks, seqs.count))
+
+
+def _walk(rows: list[ChunkRow], capture_list: list[ChunkCapture], nchunks: int, seq_chunks: list[int],
+          nseq: int) -> tuple:
+    """The state-passing walk's tables: (steps, seq_steps, end_bounds, end_entries, inner_list)."""
+    starts, inners, ends = [[] for _ in range(nchunks)], [[] for _ in range(nchunks)], [[] for _ in range(nseq)]
+    inner_list = []
+    for capture in capture_list:
+        entry, r, j = capture
+        row = rows[r]
+        if j == row.length and row.last:  # the sequence's final state (an empty sequence's too)
+            ends[row.seq].append(entry)
+        elif j == 0:
+            starts[r].append(entry)
+        else:
+            inners[r].append((len(inner_list), entry, j))
+            inner_list.append(capture)
+    steps, seq_steps = [], [0]
+    for s in range(nseq):
+        for c in range(seq_chunks[s], seq_chunks[s + 1]):
+            n = max(1, len(starts[c]), len(inners[c]))
+            for k in range(n):
+                i, entry, j = inners[c][k] if k < len(inners[c]) else (-1, -1, 0)
+                step = Step(c, first=int(k == 0), last=int(k == n - 1),
+                            start_entry=starts[c][k] if k < len(starts[c]) else -1, inner=i, inner_entry=entry,
+                            inner_offset=j)
+                steps.append((*step, *_STEP_PADDING))
+        seq_steps.append(len(steps))
+    steps.append(_LAST_ROW)
+    end_bounds = [0]
+    for entries in ends:
+        end_bounds.append(end_bounds[-1] + len(entries))
+    return steps, seq_steps, end_bounds, [e for entries in ends for e in entries], inner_list

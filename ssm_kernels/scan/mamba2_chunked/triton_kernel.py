@@ -1,4 +1,4 @@
-"""Chunked Mamba-2 scan in Triton (the SSD algorithm) in two launches, with captures at arbitrary offsets.
+"""Chunked Mamba-2 scan in Triton (the SSD algorithm), with captures at arbitrary offsets.
 
 Per head, with dt' the processed dt, a_i = dt'_i * A and cs the inclusive cumulative sum of a
 inside a chunk, the state after token i of a chunk that starts from state S0 is
@@ -7,46 +7,51 @@ inside a chunk, the state after token i of a chunk that starts from state S0 is
 
 so inside a chunk everything is matmuls (tensor cores), and only the chunk-start states are
 passed from chunk to chunk. The kernels keep cs in base-2 units (cs * log2(e)), so that every
-decay is one exp2. Two launches (prepare, then chunk_pass; run in order by run_chunked_triton),
-over the rows of ChunkTables.chunks (a chunk each, and a row of length 0 per empty sequence);
-the scratch they share (Workspace) is contiguous, laid out (row, head or group, ...):
+decay is one exp2. Five stages, each one kernel over a grid fixed by the chunk grid and the
+model dimensions, launched by its own function (stage1_dt_cumsum ... stage5_chunk_output, run in
+order by run_chunked_triton); the scratch they pass one another (Workspace) is contiguous, laid
+out (chunk or capture, head or group, ...):
 
-1. _prepare_kernel (row, head or C B^T block): dt' and cs per (row, head); C B^T once per (row,
-   group), the blocks on and below the diagonal only (the causal part), in the matmul dtype. It
-   also zeroes the pass's ticket and its sequences' ready counters.
-2. _chunk_pass_kernel (row, head, P block), all the rest of a chunk in one program:
-   - its own contribution to its end state (float32), needing no other chunk;
-   - its start state: the sequence's initial state (read from its cache slot on an engine's
-     path), or the end state the chunk before handed on. That is the one serial link: the
-     program waits until its sequence's ready counter says the chunk before is done, reads the
-     state it left in a ring of two per (sequence, head, P block), and hands its own end state
-     on the same way, S_end = exp(cs_last) S0 + own. Programs take their work from a ticket
-     counter in row order, so a program only ever waits on programs already running (no
-     deadlock whatever order the hardware starts them in; under the interpreter, which runs
-     programs one after another in grid order, every wait is already met);
-   - the captures: at its start and at the sequence's end straight from the states it holds,
-     inside it (offset j) as exp(cs_{j-1}) S0 + the contribution of its first j tokens (a
-     matmul over j tokens: O(chunk) work a capture);
-   - the final state (its sequence's last chunk), stored to its slot rounded to the state's dtype;
-   - y = exp(cs) C S0^T + the causal (C B^T * decay * dt') x, row block by row block: blocks
-     below the diagonal, then the diagonal block with its mask, whose x tile also serves D x;
-     gated by silu(z). Below the diagonal the decay exp(cs_i - cs_j) factors through the last
-     token before the row block, r: exp(cs_i - r) per row and exp(r - cs_j) per source token,
-     both <= 1 (cs falls along the chunk), so an element costs a multiply instead of an exp;
-     the diagonal block takes one exp per element.
+1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
+2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
+   on and below the diagonal only (the causal part), in the matmul dtype.
+3. _chunk_state_kernel   (chunk + capture rows, head, P x N block): each chunk's own
+   contribution to its end state, float32; the grid rows past the chunks, one per capture
+   inside a chunk (offset j), the contribution of its chunk's first j tokens, in the matmul
+   dtype (`partial`), beside the chunks' programs rather than after them.
+4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
+   S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
+   output kernel's operand), the final state, and the captures: at chunk starts and sequence
+   ends straight from the state it holds, inside a chunk as exp(cs_{j-1}) S0 + partial from the
+   float32 S0 it holds and the partial (kernel 3). It streams a flat P*N block per program, so
+   it is many programs moving memory, not one walk per head; its walk has one step a chunk (one
+   per start or inner capture where a chunk has several, ChunkTables.steps), with no loop nested
+   in it. On an engine's cache it reads each row's initial state from its slot and writes the
+   final state there, and leaves skipped rows alone (as kernel 5 does their y).
+5. _chunk_output_kernel  (chunk, head, M x P block): y = exp(cs) C S0^T + the causal
+   (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
+   mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
+   exp(cs_i - cs_j) factors through the last token before the row block, r: exp(cs_i - r) per
+   row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
+   costs a multiply instead of an exp; the diagonal block takes one exp per element.
 
-Capture work writes only its own rows and leaves the states it reads as they are, so captures
-cannot change a bit of y or of the final states; and the kernels are the same binaries with or
-without captures (their tables are passed either way, their counts are not specialised on).
+The capture work writes only its own buffers, and the walk's extra steps for a chunk's further
+captures leave its state as it is, so captures cannot change a bit of y or of the final states;
+and every kernel is the same binary with or without captures (their tables are passed either way,
+their counts are not specialised on). A capture names its CaptureTable entry, whose row (an
+engine's slot; its skip slot declines one) the walk reads on the device. An inner capture costs
+its partial in the matmul dtype (written by kernel 3, read by kernel 4) and its own store.
 
-A NaN or inf in one token's inputs reaches that token and later ones only: masks are selects,
-not multiplies by zero, and a non-finite x entry of the diagonal block is kept out of its matmul
-and marks its column NaN from its row on (NaN where the float64 reference may give +-inf).
+A NaN or inf in one token's inputs reaches that token and later ones only: masks are selects, not
+multiplies by zero, and a non-finite x entry of the diagonal block is kept out of its matmul and
+marks its column NaN from its row on (NaN where the float64 reference may give +-inf).
 
 Matmuls: bfloat16 and float16 inputs multiply in bfloat16 (MATMUL_DTYPES: float16's range is too
 small for the chunk-start states and C B^T) with float32 accumulation (tensor cores: wgmma on
 Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
 (input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
+Inner captures of 16-bit passes carry one matmul-dtype rounding more than the final state (their
+partial's), within the 1e-2 of every 16-bit result.
 """
 from __future__ import annotations
 
@@ -59,7 +64,7 @@ import triton.language as tl
 from ..problem import ScanProblem
 from ..._triton import (flags_for, INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
                         row_slots, strides_or_zeros)
-from .tables import ChunkCapture, ChunkRow, ChunkTables
+from .tables import STEP_WIDTH, ChunkCapture, ChunkRow, ChunkTables
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
@@ -68,8 +73,9 @@ LOG2E = tl.constexpr(1.4426950408889634)
 # changes no result, only cs's magnitude.
 ZERO_DECAY_LOG2 = tl.constexpr(160.0)
 # Row widths of ChunkTables's int64 tables, whose columns the readers below load in tables.py's order.
-ROW_COLUMNS = tl.constexpr(len(ChunkRow._fields))
-CAPTURE_COLUMNS = tl.constexpr(len(ChunkCapture._fields))
+CHUNK_COLUMNS = tl.constexpr(len(ChunkRow._fields))
+INNER_COLUMNS = tl.constexpr(len(ChunkCapture._fields))
+STEP_COLUMNS = tl.constexpr(STEP_WIDTH)
 
 
 @triton.jit
@@ -88,18 +94,32 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _chunk_row(chunks_ptr, i_r):
-    """Row i_r of ChunkTables.chunks: ChunkRow's fields in order."""
-    p = chunks_ptr + i_r * ROW_COLUMNS
-    return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
-            tl.load(p + 6), tl.load(p + 7))
+def _chunk_span(chunks_ptr, i_c):
+    """Row i_c of ChunkTables.chunks: ChunkRow's first fields in order (batch row, first token, length)."""
+    p = chunks_ptr + i_c * CHUNK_COLUMNS
+    return tl.load(p), tl.load(p + 1), tl.load(p + 2)
 
 
 @triton.jit
-def _chunk_capture(captures_ptr, i):
-    """Row i of ChunkTables.captures, less its chunk: ChunkCapture's (entry, offset)."""
-    p = captures_ptr + i * CAPTURE_COLUMNS
-    return tl.load(p), tl.load(p + 2)
+def _chunk_length(chunks_ptr, i_c):
+    """Chunk.length of row i_c of ChunkTables.chunks."""
+    return tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 2)
+
+
+@triton.jit
+def _inner_capture(inner_ptr, i):
+    """Row i of ChunkTables.inner, less its entry: (chunk, offset)."""
+    p = inner_ptr + i * INNER_COLUMNS
+    return tl.load(p + 1), tl.load(p + 2)
+
+
+@triton.jit
+def _pn_block(i_pn, n_nblocks, headdim, dstate, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Offsets and masks (o_p, m_p, o_n, m_n) of block i_pn of a (headdim, dstate) state cut into
+    BLOCK_P x BLOCK_N blocks, n_nblocks along dstate."""
+    o_p = (i_pn // n_nblocks) * BLOCK_P + tl.arange(0, BLOCK_P)
+    o_n = (i_pn % n_nblocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return o_p, o_p < headdim, o_n, o_n < dstate
 
 
 @triton.jit
@@ -125,10 +145,12 @@ def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
 
 
 @triton.jit
-def _dt_cumsum(dt_ptr, A_ptr, dt_bias_ptr, dt_out_ptr, cs_out_ptr, i_r, i_h, i_b, t0, n_tok, nheads, dt_min, dt_max,
-               s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
-               HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
-    """dt' and cs of row i_r's chunk for head i_h, into the scratch."""
+def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr, decay_ptr,
+                      nheads, dt_min, dt_max, s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
+                      HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
+    i_c = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
     o_t = tl.arange(0, CHUNK)
     m_t = o_t < n_tok
     b_dt = tl.load(dt_ptr + i_b * s_dt_b + (t0 + o_t) * s_dt_t + i_h * s_dt_h, mask=m_t, other=0.0).to(tl.float32)
@@ -144,116 +166,213 @@ def _dt_cumsum(dt_ptr, A_ptr, dt_bias_ptr, dt_out_ptr, cs_out_ptr, i_r, i_h, i_b
     # and reaches no token before it.
     floor = -ZERO_DECAY_LOG2 - tl.sum(tl.where(b_a > 0.0, b_a, 0.0), axis=0)
     b_cs = tl.cumsum(tl.where(b_a < floor, floor, b_a), axis=0)
-    o_scr = (i_r * nheads + i_h) * CHUNK + o_t
+    o_scr = (i_c * nheads + i_h) * CHUNK + o_t
     tl.store(dt_out_ptr + o_scr, b_dt)
-    tl.store(cs_out_ptr + o_scr, b_cs)  # past the chunk's last token cs stays at its last value
+    tl.store(cs_out_ptr + o_scr, b_cs)
+    # cs past the chunk's last token stays at cs_last: the last element is the chunk's log decay.
+    tl.store(decay_ptr + i_c * nheads + i_h, exp2_flush(tl.sum(tl.where(o_t == CHUNK - 1, b_cs, 0.0), axis=0)))
 
 
 @triton.jit
-def _chunk_cb(B_ptr, C_ptr, cb_ptr, i_r, i_g, i_m, i_k, i_b, t0, n_tok, dstate, ngroups,
-              s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-              CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Block (i_m, i_k) of row i_r's C B^T for group i_g, in the matmul dtype."""
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_k = i_k * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_d = tl.arange(0, BLOCK_D)
-    p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
-    p_BT = B_ptr + i_b * s_B_b + (t0 + o_k)[None, :] * s_B_t + i_g * s_B_g
-    acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
-    for d0 in range(0, dstate, BLOCK_D):
-        m_d = d0 + o_d < dstate
-        b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=(o_m < n_tok)[:, None] & m_d[None, :], other=0.0)
-        b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :], other=0.0)
-        acc += _dot(b_C, b_BT, DOT_DTYPE)
-    p_cb = cb_ptr + (i_r * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
-    tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
+def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
+                     s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
+                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    i_c = tl.program_id(0).to(tl.int64) // ngroups
+    i_g = tl.program_id(0).to(tl.int64) % ngroups
+    i_m = tl.program_id(1)
+    i_k = tl.program_id(2)
+    if i_k <= i_m:  # blocks above the diagonal are never read
+        i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
+        o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        o_k = i_k * BLOCK_M + tl.arange(0, BLOCK_M)
+        o_d = tl.arange(0, BLOCK_D)
+        p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
+        p_BT = B_ptr + i_b * s_B_b + (t0 + o_k)[None, :] * s_B_t + i_g * s_B_g
+        acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
+        for d0 in range(0, dstate, BLOCK_D):
+            m_d = d0 + o_d < dstate
+            b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=(o_m < n_tok)[:, None] & m_d[None, :],
+                          other=0.0)  # [BM, BD]
+            b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :],
+                           other=0.0)  # [BD, BK]
+            acc += _dot(b_C, b_BT, DOT_DTYPE)
+        p_cb = cb_ptr + (i_c * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
+        tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["nchunks"])
+def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
+                        headdim, dstate, nheads, heads_per_group, n_nblocks,
+                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
+                        CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    i_row = tl.program_id(0).to(tl.int64)  # a chunk, or past the chunks an inner capture
+    i_h = tl.program_id(1).to(tl.int64)
+    o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
+    if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
+        i_c = i_row
+        n_tok = _chunk_length(chunks_ptr, i_c)
+    else:  # the contribution of the inner capture's first j tokens of its chunk
+        i_c, n_tok = _inner_capture(inner_ptr, i_row - nchunks)
+    i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
+    o_scr = (i_c * nheads + i_h) * CHUNK
+    p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
+    p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g
+    acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
+                              o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+    o_pn = o_p[:, None] * dstate + o_n[None, :]
+    m_pn = m_p[:, None] & m_n[None, :]
+    if i_row < nchunks:  # float32
+        tl.store(states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_pn, acc, mask=m_pn)
+    else:  # the matmul dtype
+        p_part = partial_ptr + ((i_row - nchunks) * nheads + i_h) * headdim * dstate + o_pn
+        tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_pn)
 
 
 @triton.jit
-def _prepare_kernel(dt_ptr, A_ptr, dt_bias_ptr, B_ptr, C_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr, cb_ptr,
-                    ready_ptr, ticket_ptr, nheads, ngroups, n_pblocks, dstate, dt_min, dt_max,
-                    s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
-                    s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-                    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Launch 1, a program per (row, head or C B^T block): dt' and cs per (row, head), with the
-    pass's ticket and its sequences' ready counters zeroed; C B^T per (row, group, block on or
-    below the diagonal)."""
-    i_r = tl.program_id(0).to(tl.int64)
-    i_j = tl.program_id(1)
-    i_b, t0, n_tok, i_s, index, _, _, _ = _chunk_row(chunks_ptr, i_r)
-    if i_j < nheads:
-        i_h = i_j.to(tl.int64)
-        _dt_cumsum(dt_ptr, A_ptr, dt_bias_ptr, dt_out_ptr, cs_out_ptr, i_r, i_h, i_b, t0, n_tok, nheads,
-                   dt_min, dt_max, s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h, HAS_DT_BIAS, DT_SOFTPLUS, CHUNK)
-        if index == 0:
-            for i_pb in range(0, n_pblocks):
-                tl.store(ready_ptr + (i_s * nheads + i_h) * n_pblocks + i_pb, 0)
-        if (i_r == 0) & (i_h == 0):
-            tl.store(ticket_ptr, 0)
-    else:
-        nm = CHUNK // BLOCK_M
-        i_blk = i_j - nheads
-        i_g = i_blk // (nm * nm)
-        i_m = (i_blk // nm) % nm
-        i_k = i_blk % nm
-        if i_k <= i_m:  # blocks above the diagonal are never read
-            _chunk_cb(B_ptr, C_ptr, cb_ptr, i_r, i_g, i_m, i_k, i_b, t0, n_tok, dstate, ngroups,
-                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
+def _step_row(steps_ptr, t):
+    """Row t of ChunkTables.steps: Step's fields in order (chunk, first, last, start_entry, inner,
+    inner_entry, inner_offset), its padding column unread."""
+    p = steps_ptr + t * STEP_COLUMNS
+    return (tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3), tl.load(p + 4), tl.load(p + 5),
+            tl.load(p + 6))
 
 
 @triton.jit
-def _wait_ready(p_ready, index):
-    """Wait until the chunk before this one in its sequence (index - 1) has handed its end state on."""
-    seen = tl.atomic_add(p_ready, 0, sem="acquire")
-    while seen < index:
-        seen = tl.atomic_add(p_ready, 0, sem="acquire")
-    tl.debug_barrier()  # every thread reads the handed state after the wait
+def _capture_row(capture_rows_ptr, entry, skip_slot, HAS_SKIP: tl.constexpr):
+    """The row (an engine's slot) of CaptureTable entry `entry` (-1: none), and whether it is
+    written: an engine declines a capture by pointing it at its skip slot."""
+    row = tl.load(capture_rows_ptr + tl.maximum(entry, 0))
+    keep = (entry >= 0) & (row >= 0)
+    if HAS_SKIP:
+        keep = keep & (row != skip_slot)
+    return row, keep
 
 
 @triton.jit
-def _hand_on(p_ready):
-    """Let the next chunk of the sequence go: every thread's store of the end state comes before."""
-    tl.debug_barrier()
-    tl.atomic_add(p_ready, 1, sem="release")
+def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_ptr, end_bounds_ptr, end_entries_ptr,
+                          capture_rows_ptr, partial_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, start_ptr,
+                          state_out_ptr, captured_ptr, skip_slot, headdim, dstate, nheads,
+                          s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
+                          s_cap_r, s_cap_h, s_cap_p, s_cap_n,
+                          HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                          HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    i_s = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    # An engine's cache: the row's slot, read and written in place; a skipped row does nothing.
+    i_in, _, live, starts, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
+                                         HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
+    if live:
+        size = headdim * dstate
+        o = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat (p, n) of this block
+        m = o < size
+        o_p = o // dstate
+        o_n = o % dstate
+        p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
+        state = tl.zeros([BLOCK], dtype=tl.float32)
+        if HAS_INITIAL_STATE:
+            p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
+            state = tl.load(p_in, mask=tl.where(starts, m, False), other=0.0).to(tl.float32)
+        # One step a chunk, or one per start or inner capture (ChunkTables.steps): a loop nested in
+        # the walk would keep the compiler from pipelining it. Each step's table row is loaded a
+        # step ahead, so that the step's own loads wait on nothing but their issue.
+        t0 = tl.load(seq_steps_ptr + i_s)
+        c, first, last, start_entry, i_r, inner_entry, j = _step_row(steps_ptr, t0)
+        for t in range(t0, tl.load(seq_steps_ptr + i_s + 1)):
+            # the next row (the table ends with a padding row)
+            c_n, first_n, last_n, start_entry_n, i_r_n, inner_entry_n, j_n = _step_row(steps_ptr, t + 1)
+            # Loads first, so that their latencies overlap: the chunk's own contribution and decay
+            # (stage 3, at its last step), an inner capture's partial and log decay, the rows.
+            is_first, is_last, inner = first + 0 * o != 0, last + 0 * o != 0, i_r + 0 * o >= 0
+            o_ch = (c * nheads + i_h) * size + o
+            b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0)
+            b_decay = tl.load(decay_ptr + c * nheads + i_h)
+            b_part = tl.load(partial_ptr + (tl.maximum(i_r, 0) * nheads + i_h) * size + o, mask=m & inner, other=0.0)
+            b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
+            start_row, start_kept = _capture_row(capture_rows_ptr, start_entry, skip_slot, HAS_SKIP)
+            inner_row, inner_kept = _capture_row(capture_rows_ptr, inner_entry, skip_slot, HAS_SKIP)
+            # The chunk's start: its start state for the output stage, and a capture there.
+            tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m & is_first)
+            b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
+            tl.store(p_cap + start_row * s_cap_r, b_cap, mask=tl.where(start_kept, m, False))
+            # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
+            b_in = tl.fma(exp2_flush(b_cs), state, b_part.to(tl.float32))
+            tl.store(p_cap + inner_row * s_cap_r, cast_for_store(b_in, p_cap.dtype.element_ty),
+                     mask=tl.where(inner_kept, m, False))
+            # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on
+            # how the compiler contracts it in each specialisation.
+            state = tl.where(is_last, tl.fma(b_decay, state, b_own), state)
+            c, first, last, start_entry, i_r, inner_entry, j = c_n, first_n, last_n, start_entry_n, i_r_n, \
+                inner_entry_n, j_n
+        p_out = state_out_ptr + i_in * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
+        tl.store(p_out, cast_for_store(state, p_out.dtype.element_ty), mask=m)
+        for e in range(tl.load(end_bounds_ptr + i_s), tl.load(end_bounds_ptr + i_s + 1)):
+            row, kept = _capture_row(capture_rows_ptr, tl.load(end_entries_ptr + e), skip_slot, HAS_SKIP)
+            tl.store(p_cap + row * s_cap_r, cast_for_store(state, p_cap.dtype.element_ty),
+                     mask=tl.where(kept, m, False))
 
 
 @triton.jit
-def _chunk_output(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, p_dt, p_cs, p_cb, b_S0T, i_b, t0, n_tok, i_h, i_g, o_p, m_p,
-                  o_n, m_n, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
-                  s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                  HAS_D: tl.constexpr, HAS_Z: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr):
-    """y of the chunk's tokens for the P block o_p, row block by row block, from its start state
-    (b_S0T: [N, P] in the matmul dtype)."""
-    o_j = tl.arange(0, BLOCK_M)
-    p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h + o_p[None, :] * s_x_p
-    for m0 in range(0, n_tok, BLOCK_M):
-        o_m = m0 + o_j  # output tokens (rows); source blocks have the same size
+def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
+                         slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+                         s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                         s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                         HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                         HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    i_c = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_m = tl.program_id(2) // n_pblocks
+    i_p = tl.program_id(2) % n_pblocks
+    i_g = i_h // heads_per_group
+    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
+    # A skipped row (an engine's padding) writes no y.
+    _, _, live, _, n_tok = row_slots(tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 3), n_tok, slot_in_ptr, slot_in_ptr,
+                                     slot_in_ptr, skip_slot, HAS_SLOT_IN, False, False, HAS_SKIP)
+    m0 = i_m * BLOCK_M
+    if m0 < n_tok:
+        o_m = m0 + tl.arange(0, BLOCK_M)  # output tokens (rows); source blocks have the same size
+        o_j = tl.arange(0, BLOCK_M)
+        o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        o_d = tl.arange(0, BLOCK_D)
         m_m = o_m < n_tok
+        m_p = o_p < headdim
         # Scratch rows hold CHUNK entries (dt' = 0 past the chunk's end): no masks needed.
-        b_cs_m = tl.load(p_cs + o_m)
+        p_dt = dt_ptr + (i_c * nheads + i_h) * CHUNK
+        p_cs = cs_ptr + (i_c * nheads + i_h) * CHUNK
+        p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h + o_p[None, :] * s_x_p
+        p_cb = cb_ptr + (i_c * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK
+        b_cs_m = tl.load(p_cs + o_m)  # [BM]
         b_ref = tl.where(m0 > 0, tl.load(p_cs + tl.maximum(m0 - 1, 0)), 0.0)  # cs before the row block
-        # Inter-chunk term: the start state read out by C, decayed to the token before the rows.
-        b_C = tl.load(C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g + o_n[None, :] * s_C_n,
-                      mask=m_m[:, None] & m_n[None, :], other=0.0)
-        acc = _dot(b_C, b_S0T, DOT_DTYPE) * exp2_flush(b_ref)
+
+        # Inter-chunk term: the chunk-start state read out by C, decayed to the token before the rows.
+        p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
+        p_S0T = start_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[None, :] * dstate
+        acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+        for d0 in range(0, dstate, BLOCK_D):
+            m_d = d0 + o_d < dstate
+            b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=m_m[:, None] & m_d[None, :], other=0.0)
+            b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None], mask=m_d[:, None] & m_p[None, :], other=0.0)  # [BD, BP]
+            acc += _dot(b_C, b_S0T, DOT_DTYPE)
+        acc *= exp2_flush(b_ref)
+
         # Source blocks strictly below the diagonal (every token valid, causal), decayed to the same token.
         for k0 in range(0, m0, BLOCK_M):
             o_k = k0 + o_j
-            b_w = tl.load(p_cb + o_m[:, None] * CHUNK + o_k[None, :]).to(tl.float32) \
+            b_w = tl.load(p_cb + o_k[None, :]).to(tl.float32) \
                 * (exp2_flush(b_ref - tl.load(p_cs + o_k)) * tl.load(p_dt + o_k))[None, :]
             b_x = tl.load(p_x + o_k[:, None] * s_x_t, mask=m_p[None, :], other=0.0)  # [BK, BP]
             acc += _dot(b_w, b_x, DOT_DTYPE)
         acc *= exp2_flush(b_cs_m - b_ref)[:, None]
         # The diagonal block: causal, by selects (a NaN above the diagonal must not leak into
-        # earlier rows); its x tile is this block's own x, reused for D x. A non-finite x entry
-        # is left out of the matmul, where the zero weights of earlier rows would turn it into
-        # NaN for them, and marks its column NaN from its row on.
+        # earlier rows); its x tile is this block's own x, reused for D x. A non-finite x entry is
+        # left out of the matmul, where the zero weights of earlier rows would turn it into NaN
+        # for them, and marks its column NaN from its row on.
         causal = o_m[:, None] >= o_m[None, :]
         b_decay = exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
-        b_w = tl.where(causal, tl.load(p_cb + o_m[:, None] * CHUNK + o_m[None, :]).to(tl.float32)
-                       * tl.load(p_dt + o_m)[None, :] * b_decay, 0.0)
+        b_w = tl.where(causal, tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] * b_decay,
+                       0.0)
         m_mp = m_m[:, None] & m_p[None, :]
         b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
         bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
@@ -271,95 +390,6 @@ def _chunk_output(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, p_dt, p_cs, p_cb, b_S0T, i_
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=m_mp)
 
 
-@triton.jit
-def _chunk_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr, chunks_ptr, captures_ptr,
-                       capture_rows_ptr,
-                       ready_ptr, ticket_ptr, handoff_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr,
-                       state_out_ptr, captured_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
-                       s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-                       s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                       s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
-                       s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                       HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
-                       HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
-                       CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Launch 2, a program per (row, head, P block), in ticket order (module doc)."""
-    # Tickets hand out the work in row order: whatever order the hardware starts programs in, a
-    # program waits only on rows whose tickets went to programs already running.
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="relaxed").to(tl.int64)
-    i_r = ticket // (nheads * n_pblocks)
-    i_h = ticket % nheads
-    i_pb = (ticket // nheads) % n_pblocks
-    i_g = i_h // heads_per_group
-    i_b, t0, n_tok, i_s, index, last, capture_first, capture_end = _chunk_row(chunks_ptr, i_r)
-    i_in, i_out, live, starts, n_tok = row_slots(i_s, n_tok, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
-                                                 HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
-    if live:
-        o_p = i_pb * BLOCK_P + tl.arange(0, BLOCK_P)
-        o_n = tl.arange(0, BLOCK_N)
-        m_p = o_p < headdim
-        m_n = o_n < dstate
-        m_pn = m_p[:, None] & m_n[None, :]
-        o_pn = o_p[:, None] * dstate + o_n[None, :]
-        o_scr = (i_r * nheads + i_h) * CHUNK
-        p_dt = dt_ptr + o_scr
-        p_cs = cs_ptr + o_scr
-        p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
-        p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + i_g * s_B_g
-        # The chunk's own contribution to its end state: no other chunk's work needed.
-        own = _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
-                                  BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-        # The start state: the sequence's initial state, or what the chunk before handed on
-        # (through a ring of two per (sequence, head, P block), read past the L1 cache, which
-        # another SM's writes do not update).
-        p_ready = ready_ptr + (i_s * nheads + i_h) * n_pblocks + i_pb
-        p_hand = handoff_ptr + ((i_s * nheads + i_h) * 2) * headdim * dstate + o_pn
-        if index > 0:
-            _wait_ready(p_ready, index)
-            prev = tl.load(p_hand + ((index - 1) % 2) * headdim * dstate, mask=m_pn, other=0.0, cache_modifier=".cg")
-        else:
-            prev = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-            if HAS_INITIAL_STATE:
-                if starts:
-                    prev = tl.load(state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p[:, None] * s_in_p
-                                   + o_n[None, :] * s_in_n, mask=m_pn, other=0.0).to(tl.float32)
-        # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on how the
-        # compiler contracts this line in each specialisation (a pass with and without an initial
-        # state, or on an engine's slots).
-        state = tl.where(n_tok > 0, tl.fma(exp2_flush(tl.load(p_cs + CHUNK - 1)), prev, own), prev)
-        if last == 0:
-            tl.store(p_hand + (index % 2) * headdim * dstate, state, mask=m_pn)
-            _hand_on(p_ready)
-        else:
-            p_out = state_out_ptr + i_in * s_out_s + i_h * s_out_h + o_p[:, None] * s_out_p + o_n[None, :] * s_out_n
-            tl.store(p_out, cast_for_store(state, p_out.dtype.element_ty), mask=m_pn)
-        # Captures: at the chunk's start and end the states held, inside it (offset j)
-        # exp(cs_{j-1}) S0 + the contribution of its first j tokens. Rows come from the capture
-        # table on the device (an engine's slots; its skip slot declines one).
-        p_cap = captured_ptr + i_h * s_cap_h + o_p[:, None] * s_cap_p + o_n[None, :] * s_cap_n
-        for i in range(capture_first, capture_end):
-            entry, j = _chunk_capture(captures_ptr, i)
-            row = tl.load(capture_rows_ptr + entry)
-            keep = row >= 0
-            if HAS_SKIP:
-                keep = keep & (row != skip_slot)
-            if keep:
-                b_cap = prev
-                if j == n_tok:
-                    b_cap = state
-                elif j > 0:
-                    b_cap = tl.fma(exp2_flush(tl.load(p_cs + j - 1)), prev, _chunk_contribution(
-                        p_x, p_B, p_dt, p_cs, j, s_x_t, s_x_p, s_B_t, s_B_n, o_p, m_p, o_n, m_n,
-                        BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE))
-                tl.store(p_cap + row * s_cap_r, cast_for_store(b_cap, captured_ptr.dtype.element_ty), mask=m_pn)
-        b_S0T = cast_for_store(tl.trans(prev), DOT_DTYPE)
-        p_cb = cb_ptr + (i_r * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK
-        _chunk_output(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, p_dt, p_cs, p_cb, b_S0T, i_b, t0, n_tok, i_h, i_g, o_p, m_p,
-                      o_n, m_n, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
-                      s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p, HAS_D, HAS_Z, CHUNK, BLOCK_M, DOT_DTYPE)
-
-
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 # The matmul dtype of each input dtype. float16 multiplies in bfloat16: C B^T and the chunk-start
 # states, stored and multiplied in it, may pass float16's 65504 where y does not.
@@ -370,104 +400,151 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
     """Tiles and warps, a function of the model dimensions, chunk size and input dtype alone (never
     of sequence lengths or batch composition, which would change rounding between passes).
 
-    A chunk-pass program holds a whole (BLOCK_P, dstate) state tile. 16-bit inputs: 64-row tiles
-    with 4 warps (one warpgroup: Hopper's wgmma takes M = 64 per warpgroup); float32 inputs run
-    IEEE FMA dots, whose operands live in registers: 8 warps and a smaller K block keep them from
+    16-bit inputs: 64-row tiles with 4 warps (one warpgroup: Hopper's wgmma takes M = 64 per
+    warpgroup), 3 pipeline stages (2 for the output kernel, see below). float32 inputs run IEEE
+    FMA dots, whose operands live in registers: smaller K and dstate blocks keep them from
     spilling. tl.dot needs every block >= 16.
     """
     wide = dtype != torch.float32
     block_n = max(16, triton.next_power_of_2(dstate))
     return dict(
-        BLOCK_M=min(chunk_size, 64),  # output rows and source tokens of y, C B^T tiles
+        BLOCK_M=min(chunk_size, 64),  # output rows and source tokens of the output kernel, CB tiles
         BLOCK_P=max(16, min(64, triton.next_power_of_2(headdim))),
-        BLOCK_N=block_n,  # the state tile's dstate
+        BLOCK_N=min(block_n, 128 if wide else 64),  # dstate block of chunk states and captures
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
-        BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T
-        prepare=dict(num_warps=4, num_stages=3 if wide else 2),
-        chunk_pass=dict(num_warps=4, num_stages=2) if wide else dict(num_warps=8, num_stages=2),
+        BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
+        PASS_BLOCK=1024,  # flat state elements per state-passing program
+        num_warps=4, num_stages=3 if wide else 2,
+        # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
+        # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
+        output=dict(num_warps=4, num_stages=2, maxnreg=168) if wide else dict(num_warps=8, num_stages=2),
     )
 
 
 @dataclass(frozen=True)
 class Workspace:
-    """A pass's launch configuration and the scratch its launches share (module doc)."""
+    """A pass's launch configuration and the scratch its stages pass one another (module doc)."""
 
     cfg: dict  # launch_config's
-    dt: torch.Tensor  # (nrows, nheads, chunk) float32: dt', 0 past the chunk's end (launch 1)
-    cs: torch.Tensor  # (nrows, nheads, chunk) float32: cumulative log2 decay, cs_last past the end (launch 1)
-    cb: torch.Tensor  # (nrows, ngroups, chunk, chunk) matmul dtype: C B^T on and below the diagonal (launch 1)
-    ready: torch.Tensor  # (nseq, nheads, P blocks) int32: chunks of the sequence that handed their state on
-    ticket: torch.Tensor  # (1,) int32: the next chunk-pass program's work
-    handoff: torch.Tensor  # (nseq, nheads, 2, headdim, dstate) float32: the ring of handed-on states
+    dt: torch.Tensor  # (nchunks, nheads, chunk) float32: dt', 0 past the chunk's end (stage 1)
+    cs: torch.Tensor  # (nchunks, nheads, chunk) float32: cumulative log2 decay, cs_last past the end (stage 1)
+    decay: torch.Tensor  # (nchunks, nheads) float32: exp(cs_last) (stage 1)
+    cb: torch.Tensor  # (nchunks, ngroups, chunk, chunk) matmul dtype: C B^T on and below the diagonal (stage 2)
+    states: torch.Tensor  # (nchunks, nheads, headdim, dstate) float32: each chunk's own contribution (stage 3)
+    partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
+    start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
+
+    @property
+    def launch(self) -> dict:
+        """Launch options of every stage but the output kernel's (cfg["output"])."""
+        return dict(num_warps=self.cfg["num_warps"], num_stages=self.cfg["num_stages"])
 
     @property
     def dot(self) -> dict:
         """The matmul dtype, as the kernels take it."""
         return dict(DOT_DTYPE=_DOT_DTYPES[self.cb.dtype])
 
-    @property
-    def n_pblocks(self) -> int:
-        return self.ready.shape[2]
-
 
 def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
     """The workspace of a pass, unwritten."""
     nheads, headdim, dstate, ngroups = p.dims
-    chunk, nrows, nseq = tables.chunk_size, tables.nrows, p.seqs.count
-    cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
-    device = p.x.device
-    f32, mm = dict(dtype=torch.float32, device=device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=device)
-    i32 = dict(dtype=torch.int32, device=device)
+    chunk, nchunks, ninner = tables.chunk_size, tables.nchunks, tables.inner.shape[0]
+    f32, mm = dict(dtype=torch.float32, device=p.x.device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=p.x.device)
     return Workspace(
-        cfg, torch.empty(nrows, nheads, chunk, **f32), torch.empty(nrows, nheads, chunk, **f32),
-        torch.empty(nrows, ngroups, chunk, chunk, **mm),
-        torch.empty(nseq, nheads, triton.cdiv(headdim, cfg["BLOCK_P"]), **i32), torch.empty(1, **i32),
-        torch.empty(nseq, nheads, 2, headdim, dstate, **f32))
+        launch_config(headdim, dstate, chunk, p.x.dtype), torch.empty(nchunks, nheads, chunk, **f32),
+        torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
+        torch.empty(nchunks, ngroups, chunk, chunk, **mm), torch.empty(nchunks, nheads, headdim, dstate, **f32),
+        torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm))
 
 
-def prepare(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
-    """Launch 1, a program per (row, head or C B^T block): ws.dt, ws.cs, ws.cb; ws.ticket and
-    ws.ready zeroed."""
-    _, _, dstate, ngroups = p.dims
-    nheads = p.dims[0]
-    nm = tables.chunk_size // ws.cfg["BLOCK_M"]
+def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 1, a program per (chunk, head): ws.dt, ws.cs and ws.decay."""
+    nchunks, nheads = tables.nchunks, p.dims[0]
+    if not nchunks:
+        return
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
-    _prepare_kernel[(tables.nrows, nheads + ngroups * nm * nm)](
-        dt, A, ptr_or(dt_bias, A), p.B, p.C, tables.chunks, ws.dt, ws.cs, ws.cb, ws.ready, ws.ticket,
-        nheads, ngroups, ws.n_pblocks, dstate, p.dt_min, p.dt_max,
-        *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1), *p.B.stride(), *p.C.stride(),
-        **flags_for(_prepare_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"],
-        BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["prepare"])
+    _dt_cumsum_kernel[(nchunks, nheads)](
+        dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, nheads, p.dt_min, p.dt_max,
+        *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
+        **flags_for(_dt_cumsum_kernel, p), CHUNK=tables.chunk_size, **ws.launch)
 
 
-def chunk_pass(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
-    """Launch 2, a program per (row, head, P block): p.y, the final states (p.state_out, or the
-    slots of p.state_index) and p.captured, from ws.dt, ws.cs and ws.cb."""
+def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 2, a program per (chunk x group, row block, column block): ws.cb."""
+    _, _, dstate, ngroups = p.dims
+    if not tables.nchunks:
+        return
+    nm = tables.chunk_size // ws.cfg["BLOCK_M"]
+    _chunk_cb_kernel[(tables.nchunks * ngroups, nm, nm)](
+        p.B, p.C, tables.chunks, ws.cb, dstate, ngroups, *p.B.stride(), *p.C.stride(),
+        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.launch)
+
+
+def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 3, a program per (chunk or inner capture, head, P x N block): ws.states and
+    ws.partial, from ws.dt and ws.cs."""
     nheads, headdim, dstate, ngroups = p.dims
+    nchunks, ninner = tables.nchunks, tables.inner.shape[0]
+    if not nchunks:
+        return
+    bp, bn = ws.cfg["BLOCK_P"], ws.cfg["BLOCK_N"]
+    n_nblocks = triton.cdiv(dstate, bn)
+    # The inner-capture arguments are passed, stood in for where there are none (in the matmul
+    # dtype): the kernel is the same binary with or without inner captures.
+    _chunk_state_kernel[(nchunks + ninner, nheads, triton.cdiv(headdim, bp) * n_nblocks)](
+        p.x, p.B, ws.dt, ws.cs, tables.chunks, ws.states, nchunks, ptr_or(tables.inner, tables.chunks),
+        ptr_or(ws.partial, ws.start), headdim, dstate, nheads, nheads // ngroups, n_nblocks,
+        *p.x.stride(), *p.B.stride(),
+        CHUNK=tables.chunk_size, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=ws.cfg["BLOCK_K"], **ws.dot, **ws.launch)
+
+
+def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 4, a program per (sequence, head, block of PASS_BLOCK state elements): ws.start, the
+    final states (p.state_out, or the slots of p.state_index) and p.captured, from ws.states,
+    ws.decay, ws.cs and ws.partial."""
+    nheads, headdim, dstate, _ = p.dims
+    out, captured = p.state_out, p.captured
+    if not p.seqs.count:
+        return
+    block = ws.cfg["PASS_BLOCK"]
+    stand_in = tables.chunks  # an int64 tensor for absent tables
+    _state_passing_kernel[(p.seqs.count, nheads, triton.cdiv(headdim * dstate, block))](
+        ptr_or(ws.states, out), ptr_or(ws.decay, out), ptr_or(ws.cs, out), tables.seq_steps, tables.steps,
+        tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
+        ptr_or(ws.partial, ptr_or(ws.start, out)), ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in),
+        ptr_or(p.has_initial, stand_in), ptr_or(ws.start, out), out, ptr_or(captured, out),
+        0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4),
+        *out.stride(), *captured.stride(), **flags_for(_state_passing_kernel, p), CHUNK=tables.chunk_size,
+        BLOCK=block, **ws.launch)
+
+
+def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stage 5, a program per (chunk, head, M x P block): p.y (not for skipped rows), from ws.dt,
+    ws.cs, ws.cb and ws.start."""
+    nheads, headdim, dstate, ngroups = p.dims
+    nchunks = tables.nchunks
+    if not nchunks:
+        return
     out = p.state_out  # a stand-in for absent inputs
-    _chunk_pass_kernel[(tables.nrows * nheads * ws.n_pblocks,)](
-        p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), ptr_or(p.y, out), ws.dt, ws.cs, ws.cb, tables.chunks,
-        ptr_or(tables.captures, tables.chunks), ptr_or(p.captures.row, tables.chunks), ws.ready, ws.ticket,
-        ws.handoff, ptr_or(p.state_in, out),
-        ptr_or(p.state_index, tables.chunks), ptr_or(p.has_initial, tables.chunks), out, ptr_or(p.captured, out),
-        0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, nheads // ngroups, ws.n_pblocks,
-        *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
-        *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *p.captured.stride(),
-        **flags_for(_chunk_pass_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"],
-        BLOCK_P=ws.cfg["BLOCK_P"], BLOCK_N=ws.cfg["BLOCK_N"], BLOCK_K=ws.cfg["BLOCK_K"], **ws.dot,
-        **ws.cfg["chunk_pass"])
+    bm, bp = ws.cfg["BLOCK_M"], ws.cfg["BLOCK_P"]
+    n_pblocks = triton.cdiv(headdim, bp)
+    _chunk_output_kernel[(nchunks, nheads, tables.chunk_size // bm * n_pblocks)](
+        p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, tables.chunks, ws.cb, ws.start,
+        ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot,
+        headdim, dstate, nheads, nheads // ngroups, n_pblocks,
+        *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
+        **flags_for(_chunk_output_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
+        BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
 
 
-LAUNCHES = (prepare, chunk_pass)
+STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
 
 
 def run_chunked_triton(p: ScanProblem, tables: ChunkTables, ws: Workspace | None = None) -> None:
-    """The two launches in order; writes p.y, the final states and p.captured. ws: a workspace of
-    this pass's shapes to reuse (a serving step's layers share one), else a new one."""
+    """The five stages in order; writes p.y, p.state_out and p.captured. ws: a workspace of this
+    pass's shapes to reuse (a serving step's layers share one), else a new one."""
     assert not p.a_per_state and p.state_out_index is None, "the chunked scan serves mamba2_scan only"
-    if not tables.nrows:
-        return
     ws = ws or new_workspace(p, tables)
-    for launch in LAUNCHES:
-        launch(p, tables, ws)
+    for stage in STAGES:
+        stage(p, tables, ws)
