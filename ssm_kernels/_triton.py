@@ -112,8 +112,8 @@ def discretize_dt(dt, dt_bias, dt_min, dt_max, HAS_DT_BIAS: tl.constexpr, DT_SOF
         dt += dt_bias
     if DT_SOFTPLUS:
         dt = softplus(dt)
-    nan = tl.PropagateNan.ALL
-    return tl.minimum(tl.maximum(dt, dt_min, propagate_nan=nan), dt_max, propagate_nan=nan)
+    dt = tl.maximum(dt, dt_min, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(dt, dt_max, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
