@@ -160,6 +160,10 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
     b_dt = discretize_dt(b_dt, b_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS)
     b_dt = tl.where(m_t, b_dt, 0.0)  # tokens past the chunk neither decay nor contribute
     b_a = b_dt * (tl.load(A_ptr + i_h * s_A_h).to(tl.float32) * LOG2E)  # log2 of each token's decay
+    # A non-finite dt' makes its token's log decay NaN: the NaN reaches that token and the later
+    # ones through cs (and dt' is stored as 0, below, so that no zero weight multiplies it).
+    finite = tl.abs(b_dt) < float("inf")
+    b_a = tl.where(finite, b_a, float("nan"))
     # A token's log decay is raised to the least value that still zeroes every decay across it
     # (see ZERO_DECAY_LOG2): a reset's -1e5 would otherwise leave cs so large that the differences
     # of later tokens' cs lose float32's precision. Selects, not max/min: a NaN token stays NaN
@@ -167,7 +171,7 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
     floor = -ZERO_DECAY_LOG2 - tl.sum(tl.where(b_a > 0.0, b_a, 0.0), axis=0)
     b_cs = tl.cumsum(tl.where(b_a < floor, floor, b_a), axis=0)
     o_scr = (i_c * nheads + i_h) * CHUNK + o_t
-    tl.store(dt_out_ptr + o_scr, b_dt)
+    tl.store(dt_out_ptr + o_scr, tl.where(finite, b_dt, 0.0))
     tl.store(cs_out_ptr + o_scr, b_cs)
     # cs past the chunk's last token stays at cs_last: the last element is the chunk's log decay.
     tl.store(decay_ptr + i_c * nheads + i_h, exp2_flush(tl.sum(tl.where(o_t == CHUNK - 1, b_cs, 0.0), axis=0)))
@@ -196,6 +200,9 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
             b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :],
                            other=0.0)  # [BD, BK]
             acc += _dot(b_C, b_BT, DOT_DTYPE)
+        # Zeros above the diagonal: a NaN in a later token's B must not reach an earlier row
+        # through the output kernel's zero decay.
+        acc = tl.where((o_m[:, None] >= o_k[None, :]) | (i_k < i_m), acc, 0.0)
         p_cb = cb_ptr + (i_c * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
         tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
 
@@ -365,14 +372,13 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
             b_x = tl.load(p_x + o_k[:, None] * s_x_t, mask=m_p[None, :], other=0.0)  # [BK, BP]
             acc += _dot(b_w, b_x, DOT_DTYPE)
         acc *= exp2_flush(b_cs_m - b_ref)[:, None]
-        # The diagonal block: causal, by selects (a NaN above the diagonal must not leak into
-        # earlier rows); its x tile is this block's own x, reused for D x. A non-finite x entry is
-        # left out of the matmul, where the zero weights of earlier rows would turn it into NaN
-        # for them, and marks its column NaN from its row on.
+        # The diagonal block: causal mask (C B^T is 0 above the diagonal and dt' is finite, so
+        # no NaN there meets the zero decay); its x tile is this block's own x, reused for D x. A
+        # non-finite x entry is left out of the matmul, where the zero weights of earlier rows
+        # would turn it into NaN for them, and marks its column NaN from its row on.
         causal = o_m[:, None] >= o_m[None, :]
-        b_decay = exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
-        b_w = tl.where(causal, tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] * b_decay,
-                       0.0)
+        b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \
+            * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
         m_mp = m_m[:, None] & m_p[None, :]
         b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
         bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
