@@ -37,8 +37,9 @@ class Chunk(NamedTuple):
 
 
 class ChunkCapture(NamedTuple):
-    """A row of ChunkTables.captures: the state after the first `offset` tokens of a chunk row
-    (0 <= offset <= its length), for entry `entry` of the pass's CaptureTable."""
+    """An item of ChunkTables.capture_list (and a row of its `inner` table): the state after the
+    first `offset` tokens of a chunk row (0 <= offset <= its length), for entry `entry` of the
+    pass's CaptureTable."""
 
     entry: int
     chunk: int  # the row of ChunkTables.chunks
@@ -46,18 +47,15 @@ class ChunkCapture(NamedTuple):
 
 
 class ChunkRow(NamedTuple):
-    """A row of ChunkTables.chunks, the work of one chunk in the fused pass: a Chunk, where it sits
-    in its sequence, and which captures it serves. An empty sequence has one row of length 0, so
-    that its final state (its initial one) is written like any other."""
+    """A row of ChunkTables.chunks: a Chunk and where it sits in its sequence. An empty sequence
+    has one row of length 0 (after the chunks), so that its captures have a row like any other's."""
 
     batch_row: int
     start: int  # its first token on the time axis
     length: int
     seq: int
-    index: int  # its place among its sequence's chunks: the walk hands chunk index-1's end state to it
-    last: int  # 1 for its sequence's last chunk, which writes the final state
-    capture_first: int  # its captures are ChunkTables.captures[capture_first:capture_end]
-    capture_end: int
+    index: int  # its place among its sequence's chunks (0: it starts from the initial state)
+    last: int  # 1 for its sequence's last chunk, which ends at the final state
 
 
 class Step(NamedTuple):
@@ -88,11 +86,10 @@ class ChunkTables:
     chunk_size when a is one), full chunks, and a last partial one; an empty sequence owns none.
 
     Device tensors (int64):
-    chunks: (nrows, 8): a ChunkRow a row: the chunks in sequence order (chunk_list's), then one
+    chunks: (nrows, 6): a ChunkRow a row: the chunks in sequence order (chunk_list's), then one
         row of length 0 for each empty sequence.
-    captures: (ncapture, 3): a ChunkCapture a row, in row order: every capture of the pass (one
-        asked for twice is computed twice, the same way).
-    The Triton stages' walk over them (stages 3 and 4):
+    The Triton stages' walk over the captures (stages 3 and 4; one asked for twice is computed
+    twice, the same way):
     inner: (ninner, 3): inner_list's rows (entry, chunk, offset), in chunk order.
     steps: (nsteps + 1, STEP_WIDTH): the state-passing walk, a Step a row (and a padding column),
         one step a chunk, or more where a chunk has several start or inner captures. A row of
@@ -100,14 +97,14 @@ class ChunkTables:
     seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
     end_bounds, end_entries: sequence s's final state goes to the captures
         end_entries[end_bounds[s]:end_bounds[s + 1]] (CaptureTable entries).
-    On the host: row_list, capture_list (the same as ChunkRow and ChunkCapture tuples);
+    On the host: row_list (chunks's rows), capture_list (every capture as a ChunkCapture, in row
+    order), inner_list (those inside a chunk, 0 < offset < its length: inner's rows);
     chunk_list (the chunks, Chunk tuples: the first nchunks rows' spans); seq_chunk_list
     (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])).
     """
 
     chunk_size: int
     chunks: torch.Tensor
-    captures: torch.Tensor
     inner: torch.Tensor
     steps: torch.Tensor
     seq_steps: torch.Tensor
@@ -115,6 +112,7 @@ class ChunkTables:
     end_entries: torch.Tensor
     row_list: list[ChunkRow]
     capture_list: list[ChunkCapture]
+    inner_list: list[ChunkCapture]
     chunk_list: list[Chunk]
     seq_chunk_list: list[int]
 
@@ -126,11 +124,6 @@ class ChunkTables:
     def nrows(self) -> int:
         """Rows of `chunks`: the chunks and the empty sequences."""
         return len(self.row_list)
-
-    @property
-    def inner_list(self) -> list[ChunkCapture]:
-        """The captures inside a chunk (0 < offset < its length), in row order."""
-        return [c for c in self.capture_list if 0 < c.offset < self.row_list[c.chunk].length]
 
 
 def _chunk_of(k: int, first: int, chunk_size: int) -> tuple[int, int]:
@@ -168,15 +161,14 @@ class ChunkPlan:
 
     @property
     def device_lists(self) -> tuple[list, ...]:
-        return (self.row_list, self.capture_list, self.inner_list, self.steps, self.seq_steps, self.end_bounds,
-                self.end_entries)
+        return self.row_list, self.inner_list, self.steps, self.seq_steps, self.end_bounds, self.end_entries
 
-    def on_device(self, chunks, captures, inner, steps, seq_steps, end_bounds, end_entries) -> ChunkTables:
+    def on_device(self, chunks, inner, steps, seq_steps, end_bounds, end_entries) -> ChunkTables:
         """The tables, given device_lists's tensors (int_tables')."""
         return ChunkTables(self.chunk_size, chunks.view(-1, len(ChunkRow._fields)),
-                           captures.view(-1, len(ChunkCapture._fields)), inner.view(-1, len(ChunkCapture._fields)),
-                           steps.view(-1, STEP_WIDTH), seq_steps, end_bounds, end_entries, self.row_list,
-                           self.capture_list, self.chunk_list, self.seq_chunk_list)
+                           inner.view(-1, len(ChunkCapture._fields)), steps.view(-1, STEP_WIDTH), seq_steps,
+                           end_bounds, end_entries, self.row_list, self.capture_list, self.inner_list,
+                           self.chunk_list, self.seq_chunk_list)
 
 
 def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions: list[int]) -> ChunkPlan:
@@ -201,17 +193,9 @@ def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions
             c, j = _chunk_of(k, firsts[s], chunk_size)
             capture_list.append(ChunkCapture(entry, seq_chunks[s] + c, j))
     capture_list.sort(key=lambda capture: capture.chunk)
-    bounds = [0] * (len(chunk_list) + len(empty) + 1)  # row r's captures: [bounds[r], bounds[r + 1])
-    for capture in capture_list:
-        bounds[capture.chunk + 1] += 1
-    for r in range(len(bounds) - 1):
-        bounds[r + 1] += bounds[r]
-    rows = []
-    for s in range(seqs.count):
-        for c in range(seq_chunks[s], seq_chunks[s + 1]):
-            rows.append(ChunkRow(*chunk_list[c], s, c - seq_chunks[s], int(c == seq_chunks[s + 1] - 1),
-                                 bounds[c], bounds[c + 1]))
-    rows += [ChunkRow(0, 0, 0, s, 0, 1, bounds[last_row[s]], bounds[last_row[s] + 1]) for s in empty]
+    rows = [ChunkRow(*chunk_list[c], s, c - seq_chunks[s], int(c == seq_chunks[s + 1] - 1))
+            for s in range(seqs.count) for c in range(seq_chunks[s], seq_chunks[s + 1])]
+    rows += [ChunkRow(0, 0, 0, s, 0, 1) for s in empty]
     return ChunkPlan(chunk_size, rows, capture_list, chunk_list, seq_chunks,
                      *_walk(rows, capture_list, len(chunk_list), seq_chunks, seqs.count))
 

@@ -79,7 +79,7 @@ def run_chunked_torch(p: ScanProblem, tables: ChunkTables) -> None:
     captures = {}  # row of the tables -> its captures' (entry, offset)
     for entry, r, j in tables.capture_list:
         captures.setdefault(r, []).append((entry, j))
-    for r, (b, t0, n, s, index, last, _, _) in enumerate(tables.row_list):
+    for r, (b, t0, n, s, index, last) in enumerate(tables.row_list):
         if index == 0:  # the sequence's first row: its initial state
             if p.state_in is not None:
                 state = p.state_in[s].float().clone()
