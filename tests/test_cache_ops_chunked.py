@@ -338,3 +338,18 @@ def test_a_step_from_host_data_sends_one_copy(monkeypatch):
         _mamba2_prefill(batch, kw, cache.to(torch.get_default_device()), torch.empty_like(kw["x"][0]),
                         backend="triton", algorithm="chunked", chunk_size=CHUNK)
     assert copies == [1]
+
+
+def test_host_data_is_checked():
+    """Host lengths and captures are refused with the argument named: not a list, the wrong
+    count, not ints, a bad chunk size, and (validated) lengths that differ from cu_seqlens."""
+    args, kwargs = _host_batch_args()
+    bad = [(dict(host_cu_seqlens=tuple(range(3))), ValueError, "host_cu_seqlens"),
+           (dict(host_cu_seqlens=torch.tensor(kwargs["host_cu_seqlens"])), TypeError, "host_cu_seqlens"),
+           (dict(capture_offset=kwargs["capture_offset"][:-1]), ValueError, "capture_offset"),
+           (dict(capture_seq=[0.5] * len(CAPTURES)), TypeError, r"capture_seq\[0\]"),
+           (dict(chunk_size=24), ValueError, "chunk_size"),
+           (dict(validate=True, host_cu_seqlens=[0] * (len(LENGTHS) + 1)), ValueError, "host_cu_seqlens")]
+    for change, error, name in bad:
+        with pytest.raises(error, match=name):
+            cache_ops.prefill_batch(*args, **{**kwargs, **change})

@@ -252,6 +252,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         *((capture_seq, capture_offset, capture_slot) if ncap else (None,) * 3))
     if validate:
         _validate_prefill(bounds, slots, cap_seq, cap_offset, cap_slot, skip_slot, nslots)
+        if host_bounds is not None and host_bounds != bounds:
+            raise ValueError(f"host_cu_seqlens {host_bounds} differs from cu_seqlens {bounds}")
     seqs = Sequences(cu, [b - a for a, b in zip(bounds, bounds[1:])], varlen=True)
     # Declined captures dropped, the rest sorted by (sequence, offset), on the host.
     written = sorted((s, k, slot) for s, k, slot in zip(cap_seq, cap_offset, cap_slot) if slot != skip_slot) \
