@@ -5,15 +5,17 @@ with it; on a GPU, what a call costs on the host (validation, tables, views, the
 the kernels, each Triton launch's argument binding) is what the step pays beyond its kernels when
 the host is the bottleneck. Here every call runs on CPU tensors, at a small layer shape so that the
 torch ops that do run on the CPU cost little, with its Triton launches stubbed: for the times, each
-launch does what JITFunction.run does for a compiled kernel before the driver call (the generated
-binder for sm_90a, the cache key) and returns; for the counts, a second pass records the launches
-(triton_static.launches.recording) and the torch dispatches. Per op, for the step's first layer and
-for the later layers: host time (median), launches, torch kernels and views dispatched, and
-allocations (outputs whose storage no input shares); a step's batch is built before its layers
-(prefill_batch's own time is its own row), from host lengths and captures as the vLLM plugin
-builds it, and the layers are called as the plugin calls them: the first with validate=True, the
-later ones with validate=False. A warm-up step first, so that one-time work (each
-kernel's binder) is not counted.
+launch through JITFunction.run does what it does for a compiled kernel before the driver call (the
+generated binder for sm_90a, the cache key) and returns a stand-in for the compiled kernel, whose
+launcher a replayed launch (ssm_kernels/cache_ops/replay.py) calls and which does nothing; for the
+counts, a second pass records the launches (triton_static.launches.recording) and the torch
+dispatches. Per op, for the step's first layer, its second and its later layers (the first two
+record their launches, the later ones replay them): host time (median), the time from entry to
+the first launch, launches, torch kernels and views dispatched, and allocations (outputs whose
+storage no input shares); a step's batch is built before its layers (prefill_batch's own time is
+its own row), from host lengths and captures as the vLLM plugin builds it, and the layers are
+called as the plugin calls them: the first with validate=True, the later ones with
+validate=False. A warm-up step first, so that one-time work (each kernel's binder) is not counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
 layers within one run, not across machines. Results: host.json and host.md in --out (default
@@ -42,6 +44,7 @@ from triton.runtime.jit import JITFunction, compute_cache_key, create_function_f
 from triton_static.launches import TARGET, recording  # noqa: E402
 
 from ssm_kernels import cache_ops  # noqa: E402
+from ssm_kernels.cache_ops import replay  # noqa: E402
 
 from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, write_json  # noqa: E402
 from .static_workloads import triton_path_on_cpu  # noqa: E402
@@ -108,7 +111,8 @@ def calls(s) -> dict:
     engine's are), taking `validate` as the vLLM plugin passes it: True for a step's first layer."""
     y2, y1, conv_out = torch.empty_like(s["x"]), torch.empty_like(s["u"]), torch.empty_like(s["xbc"])
     d = s["nseq"]  # decode: one token a row
-    y2d = torch.empty_like(s["x"][:d])
+    x2d, dt2d, B2d, C2d = (s[k][:d].clone() for k in ("x", "dt", "B", "C"))
+    y2d = torch.empty_like(x2d)
     mamba2 = lambda algorithm: lambda validate: cache_ops.mamba2_prefill(
         s["prefill"], s["x"], s["dt"], s["A"], s["B"], s["C"], ssm_state=s["ssm2"], out=y2, D=s["D"],
         dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", algorithm=algorithm, chunk_size=CHUNK,
@@ -125,39 +129,61 @@ def calls(s) -> dict:
             s["prefill"], s["xbc"], s["w"], conv_state=s["conv"], out=conv_out, activation="silu", backend="triton",
             validate=validate),
         "mamba2_decode": lambda validate: cache_ops.mamba2_decode(
-            s["decode"], s["x"][:d], s["dt"][:d], s["A"], s["B"][:d], s["C"][:d], ssm_state=s["ssm2"], out=y2d,
+            s["decode"], x2d, dt2d, s["A"], B2d, C2d, ssm_state=s["ssm2"], out=y2d,
             D=s["D"], dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", validate=validate),
     }
 
 
 _BACKEND = make_backend(TARGET)
 _binders: dict = {}
+_first_launch: list[float] = []  # when the call being timed launched first
 
 
-def _bind(fn: JITFunction, args, kwargs) -> None:
-    """JITFunction.run's work on a compiled kernel before the driver launches it."""
+class _Compiled:
+    """What a compiled kernel holds for its launch, the launch a no-op (a replay's launch,
+    replay.py, calls it as it calls a CompiledKernel's)."""
+
+    function, packed_metadata = 0, b""
+
+    def run(self, *args):
+        if not _first_launch:
+            _first_launch.append(time.perf_counter())
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+
+def _bind(fn: JITFunction, args, kwargs):
+    """JITFunction.run's work on a compiled kernel before the driver launches it (its binder found
+    by device, here by the kernel's id, not by hashing the kernel); returns the kernel's stand-in."""
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
-    binder = _binders.get(fn)
+    binder = _binders.get(id(fn))
     if binder is None:
-        binder = _binders[fn] = (create_function_from_signature(fn.signature, fn.params, _BACKEND), {})
+        binder = _binders[id(fn)] = (create_function_from_signature(fn.signature, fn.params, _BACKEND), {}, _Compiled())
     _, specialization, options = binder[0](*args, **kwargs)
     compute_cache_key(binder[1], specialization, options)
+    binder[2].run()
+    return binder[2]
 
 
 @contextlib.contextmanager
-def launches_stubbed(binding: bool = True):
-    """Inside, a Triton launch binds its arguments as a real launch does (binding), and returns."""
+def launches_stubbed():
+    """Inside, a Triton launch binds its arguments as a real launch does and returns; a replayed
+    one calls the stand-in's launch."""
     def run(self, *args, grid, warmup, **kwargs):
-        if binding:
-            _bind(self, args, kwargs)
-    with triton_path_on_cpu(), mock.patch.object(JITFunction, "run", run):
+        return _bind(self, args, kwargs)
+    with triton_path_on_cpu(), mock.patch.object(JITFunction, "run", run), \
+            mock.patch.object(replay, "_stream", lambda: 0):
         yield
 
 
-def _timed(call) -> float:
+def _timed(call) -> tuple[float, float]:
+    """(us the call took, us from its entry to its first launch)."""
+    _first_launch.clear()
     began = time.perf_counter()
     call()
-    return (time.perf_counter() - began) * 1e6
+    ended = time.perf_counter()
+    return (ended - began) * 1e6, ((_first_launch or [ended])[0] - began) * 1e6
 
 
 def _counted(call) -> dict:
@@ -168,44 +194,49 @@ def _counted(call) -> dict:
             "allocations": len(seen.allocations)}
 
 
+# A step's layers: the first (validated), the second (its launches recorded a second time) and the
+# later ones (replayed where the two recordings agree).
+LAYERS = {"first": slice(0, 1), "second": slice(1, 2), "later": slice(2, None)}
+
+
 def measure(layers: int, repeats: int) -> list[dict]:
     """Per op: a warm-up step, then `repeats` steps of `layers` layer calls each, every step with
     a fresh batch, timed; then one step counted."""
     cpu = torch.device("cpu")
     rows = []
     args, kwargs = _batch_args(cpu)
-    batch_us = [_timed(lambda: cache_ops.prefill_batch(*args, **kwargs)) for _ in range(repeats + 1)][1:]
+    batch_us = [_timed(lambda: cache_ops.prefill_batch(*args, **kwargs))[0] for _ in range(repeats + 1)][1:]
     rows.append({"op": "prefill_batch (once a step)", "first": {"us": statistics.median(batch_us)}})
     for name in calls(_step(cpu)):
-        first, later, unbound = [], [], []
-        for binding, kept in ((True, later), (False, unbound)):
-            with launches_stubbed(binding):
-                for repeat in range(repeats + 1):
-                    call = calls(_step(cpu))[name]
-                    times = [_timed(lambda: call(layer == 0)) for layer in range(layers)]
-                    if repeat:  # the first step warms up
-                        if binding:
-                            first.append(times[0])
-                        kept += times[1:]
+        timed = []
+        with launches_stubbed():
+            for _ in range(repeats + 1):
+                call = calls(_step(cpu))[name]
+                timed.append([_timed(lambda: call(layer == 0)) for layer in range(layers)])
+        timed = timed[1:]  # the first step warms up
         call = calls(_step(cpu))[name]
         counts = [_counted(lambda: call(layer == 0)) for layer in range(layers)]
-        rows.append({"op": name, "first": {"us": statistics.median(first), **counts[0]},
-                     "later": {"us": statistics.median(later),
-                               "binding_us": statistics.median(later) - statistics.median(unbound),
-                               **{k: max(c[k] for c in counts[1:]) for k in counts[1]}}})
+        row = {"op": name}
+        for part, span in LAYERS.items():
+            times = [t for step in timed for t in step[span]]
+            row[part] = {"us": statistics.median(t for t, _ in times),
+                         "first_launch_us": statistics.median(f for _, f in times),
+                         **{k: max(c[k] for c in counts[span]) for k in counts[0]}}
+        rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict], env: dict) -> str:
     header = (f"Host work per layer call (CPU, Triton launches stubbed after binding; {env['cpu']}, "
               f"commit {env['commit']}, {env['date']}): a step of {env['layers']} layers, "
-              f"{env['repeats']} steps; time is the median, counts the largest.\n\n")
-    body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in ("first", "later")),
-             f"{r['later']['binding_us']:.0f}" if "later" in r else "",
+              f"{env['repeats']} steps; time is the median, counts the largest. The first layer validates; the "
+              f"first two record their launches, the later ones replay them.\n\n")
+    body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in LAYERS),
+             f"{r['later']['first_launch_us']:.0f}" if "later" in r else "",
              *(r["later"][c] if "later" in r else "" for c in ("launches", "torch_kernels", "views", "allocations")),
              r["first"].get("allocations", "")] for r in rows]
-    columns = ["op", "first layer us", "later layers us", "of which binding us", "launches", "torch kernels", "views",
-               "allocations", "first layer's allocations"]
+    columns = ["op", "first layer us", "second layer us", "later layers us", "later: first launch after us",
+               "launches", "torch kernels", "views", "allocations", "first layer's allocations"]
     return header + markdown_table(columns, body) + "\n"
 
 
@@ -216,8 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="steps per op (default 5)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<date>-host)")
     args = parser.parse_args(argv)
-    if args.layers < 2 or args.repeats < 1:
-        parser.error("--layers must be at least 2 and --repeats at least 1")
+    if args.layers < 3 or args.repeats < 1:
+        parser.error("--layers must be at least 3 and --repeats at least 1")
     torch.set_num_threads(1)
     rows = measure(args.layers, args.repeats)
     env = {"cpu": cpu_name(), "commit": git_commit().get("commit", "unknown")[:12], "torch": torch.__version__,

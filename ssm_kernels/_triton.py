@@ -189,3 +189,16 @@ def flags_for(kernel, problem) -> dict[str, bool]:
     if names is None:
         names = _PARAMETERS[kernel] = frozenset(kernel.arg_names)
     return {name: value for name, value in problem.flags.items() if name in names}
+
+
+# Set while an engine op's launches are recorded (cache_ops/replay.py): it then launches them.
+recorder = None
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs): every kernel of the library is launched here, where a
+    serving step's recorder sees it."""
+    if recorder is None:
+        kernel[grid](*args, **kwargs)
+    else:
+        recorder.launch(kernel, grid, args, kwargs)

@@ -41,6 +41,8 @@ class PrefillBatch:
         writes or reads, where the batch read them back (see slot_extremes); ntokens: the tokens
         the pass needs (cu_seqlens[-1]), likewise, else None. The ops check these against the
         tensors they are given.
+    launches: the launches the step's layers recorded, replayed by its later layers (replay.py);
+        a batch made by dataclasses.replace starts without them.
     """
 
     seqs: Sequences
@@ -51,6 +53,7 @@ class PrefillBatch:
     host: HostStep | None = None
     extremes: tuple = ()
     ntokens: int | None = None
+    launches: dict = field(init=False, default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class DecodeBatch:
     captures: CaptureTable  # always empty: the kernels' capture table for "none"
     skip_slot: int | None
     extremes: tuple = ()  # as in PrefillBatch
+    launches: dict = field(init=False, default_factory=dict, compare=False, repr=False)  # as in PrefillBatch
 
 
 def _index(name, t, n):

@@ -1,8 +1,9 @@
 """Per-layer entry points for a serving engine: prefill, conv and decode, in place in its caches.
 
 Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache tensors
-by slot and writes the output into `out`. By default (algorithm="recurrent") it allocates nothing
-but the Mamba-2 scan's dt table: the same kernels as mamba2_scan, mamba1_scan and causal_conv1d
+by slot and writes the output into `out`; on Triton a step's later calls replay the launches of its
+first two (replay.py). By default (algorithm="recurrent") it allocates nothing but the Mamba-2
+scan's dt table (reused by the replays): the same kernels as mamba2_scan, mamba1_scan and causal_conv1d
 (the recurrent scan, so a sequence's outputs and states are bit-identical however the engine
 splits, batches or captures it), launched on views. The prefill scans also take algorithm="chunked"
 (the public scans' chunked algorithms, much faster on a GPU for long passes; exact at splits on the
@@ -27,11 +28,20 @@ from ..scan import mamba2_chunked
 from ..scan import dispatch, mamba1_chunked
 from ..scan.mamba2 import check_mamba2_args, mamba2_problem
 from ..scan.problem import ScanProblem, check_scan_sizes
-from . import chunked
+from . import chunked, replay
 from .batch import DecodeBatch, PrefillBatch
 
 F32 = (torch.float32,)
 ACTIVATIONS = (None, "silu", "swish")
+
+
+def _launch(batch, backend: str, op: tuple, tensors: tuple, call) -> None:
+    """call(), the op on the batch: on Triton through the step's replay (replay.py), where `op`
+    names the op and its other arguments and `tensors` are its tensor arguments."""
+    if backend == "triton":
+        replay.run(batch.launches, op, tensors, call)
+    else:
+        call()
 
 
 def _check_out(name, out, shape, dtype):
@@ -120,14 +130,18 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
         device, dt_limit = x.device, (float(dt_limit[0]), float(dt_limit[1]))
     backend = resolve_backend(backend, device)
     chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
-    if chunked.resolve(algorithm, batch, device, mamba2_chunked.RULES) == "chunked":
-        chunked.run_mamba2(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
+    algorithm = chunked.resolve(algorithm, batch, device, mamba2_chunked.RULES)
+
+    def call():
+        if algorithm == "chunked":
+            chunked.run_mamba2(batch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, ssm_state, out,
                                backend, chunk_size)
-        return
-    u = lambda t: None if t is None else t.unsqueeze(0)
-    problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
-                              ssm_state, u(out), decode=False)
-    dispatch.run(problem, backend)
+            return
+        u = lambda t: None if t is None else t.unsqueeze(0)
+        dispatch.run(_mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
+                                     ssm_state, u(out), decode=False), backend)
+    _launch(batch, backend, ("mamba2_prefill", algorithm, chunk_size, dt_softplus, dt_limit),
+            (x, dt, A, B, C, D, z, dt_bias, ssm_state, out), call)
 
 
 def mamba2_decode(batch: DecodeBatch, x, dt, A, B, C, *, ssm_state, out, D=None, z=None, dt_bias=None,
@@ -147,9 +161,10 @@ def mamba2_decode(batch: DecodeBatch, x, dt, A, B, C, *, ssm_state, out, D=None,
         device, dt_limit = x.device, (float(dt_limit[0]), float(dt_limit[1]))
     backend = resolve_backend(backend, device)
     u = lambda t: None if t is None else t.unsqueeze(1)
-    problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
-                              ssm_state, u(out), decode=True)
-    dispatch.run(problem, backend)
+    call = lambda: dispatch.run(_mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus,
+                                                dt_limit, ssm_state, u(out), decode=True), backend)
+    _launch(batch, backend, ("mamba2_decode", dt_softplus, dt_limit), (x, dt, A, B, C, D, z, dt_bias, ssm_state, out),
+            call)
 
 
 def _check_mamba1(u, delta, A, B, C, D, z, delta_bias, ssm_state, out, token_axis):
@@ -227,11 +242,16 @@ def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=
     bc = lambda t: (t.unsqueeze(0) if t.ndim == 2 else t).permute(2, 0, 1).unsqueeze(0)  # (1, T, G, N)
     problem = lambda y, **fields: _mamba1_problem((rows(u), rows(delta), rows(z), rows(y)), (bc(B), bc(C)), A, D,
                                                   delta_bias, delta_softplus, ngroups, **fields)
-    if chunked.resolve(algorithm, batch, device, mamba1_chunked.RULES) == "chunked":
-        chunked.run_mamba1(batch, problem, out, ssm_state, ngroups, backend, chunk_size,
-                           _cache_fields(batch, ssm_state, ngroups, False))
-    else:
-        dispatch.run(problem(out, **_cache_fields(batch, ssm_state, ngroups, False)), backend)
+    algorithm = chunked.resolve(algorithm, batch, device, mamba1_chunked.RULES)
+
+    def call():
+        if algorithm == "chunked":
+            chunked.run_mamba1(batch, problem, out, ssm_state, ngroups, backend, chunk_size,
+                               _cache_fields(batch, ssm_state, ngroups, False))
+        else:
+            dispatch.run(problem(out, **_cache_fields(batch, ssm_state, ngroups, False)), backend)
+    _launch(batch, backend, ("mamba1_prefill", algorithm, chunk_size, delta_softplus),
+            (u, delta, A, B, C, D, z, delta_bias, ssm_state, out), call)
 
 
 def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=None, z=None, delta_bias=None,
@@ -250,8 +270,11 @@ def mamba1_decode(batch: DecodeBatch, u, delta, A, B, C, *, ssm_state, out, D=No
     backend = resolve_backend(backend, device)
     rows = lambda t: None if t is None else t.unflatten(1, (ngroups, -1)).unsqueeze(1)  # (batch, 1, G, P)
     bc = lambda t: (t.unsqueeze(1) if t.ndim == 2 else t).unsqueeze(1)  # (batch, 1, G, N)
-    dispatch.run(_mamba1_problem((rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D, delta_bias,
-                                 delta_softplus, ngroups, **_cache_fields(batch, ssm_state, ngroups, True)), backend)
+    call = lambda: dispatch.run(_mamba1_problem(
+        (rows(u), rows(delta), rows(z), rows(out)), (bc(B), bc(C)), A, D, delta_bias, delta_softplus, ngroups,
+        **_cache_fields(batch, ssm_state, ngroups, True)), backend)
+    _launch(batch, backend, ("mamba1_decode", delta_softplus), (u, delta, A, B, C, D, z, delta_bias, ssm_state, out),
+            call)
 
 
 def _check_conv(x, weight, bias, conv_state, out, activation):
@@ -300,11 +323,11 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
     if backend == "triton":
         # The grid covers the longest possible sequence; the kernel reads true lengths on the device.
         seqs = dataclasses.replace(seqs, lengths=[x.shape[1]] * seqs.count)
-    problem = ConvProblem(x=x.unsqueeze(0), weight=weight, bias=bias, silu=activation is not None,
-                          state_in=conv_state, seqs=seqs, captures=batch.captures, out=out.unsqueeze(0),
-                          state_out=conv_state, captured=conv_state, state_index=batch.state_indices,
-                          has_initial=batch.has_initial, skip_slot=batch.skip_slot)
-    (run_conv_triton if backend == "triton" else run_conv_torch)(problem)
+    call = lambda: (run_conv_triton if backend == "triton" else run_conv_torch)(ConvProblem(
+        x=x.unsqueeze(0), weight=weight, bias=bias, silu=activation is not None, state_in=conv_state, seqs=seqs,
+        captures=batch.captures, out=out.unsqueeze(0), state_out=conv_state, captured=conv_state,
+        state_index=batch.state_indices, has_initial=batch.has_initial, skip_slot=batch.skip_slot))
+    _launch(batch, backend, ("conv_prefill", activation), (x, weight, bias, conv_state, out), call)
 
 
 def conv_decode(batch: DecodeBatch, x, weight, bias=None, *, conv_state, out, activation=None,
@@ -327,8 +350,8 @@ def conv_decode(batch: DecodeBatch, x, weight, bias=None, *, conv_state, out, ac
     else:
         device = x.device
     backend = resolve_backend(backend, device)
-    problem = ConvProblem(x=x.unsqueeze(-1), weight=weight, bias=bias, silu=activation is not None,
-                          state_in=conv_state, seqs=batch.seqs, captures=batch.captures, out=out.unsqueeze(-1),
-                          state_out=conv_state, captured=conv_state, state_index=batch.state_indices,
-                          skip_slot=batch.skip_slot)
-    (run_conv_triton if backend == "triton" else run_conv_torch)(problem)
+    call = lambda: (run_conv_triton if backend == "triton" else run_conv_torch)(ConvProblem(
+        x=x.unsqueeze(-1), weight=weight, bias=bias, silu=activation is not None, state_in=conv_state,
+        seqs=batch.seqs, captures=batch.captures, out=out.unsqueeze(-1), state_out=conv_state, captured=conv_state,
+        state_index=batch.state_indices, skip_slot=batch.skip_slot))
+    _launch(batch, backend, ("conv_decode", activation), (x, weight, bias, conv_state, out), call)

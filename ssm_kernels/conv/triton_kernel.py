@@ -14,7 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton import EXACT_ROUNDING, flags_for, cast_for_store, ptr_or, row_slots, sequence_span, strides_or_zeros
+from .._triton import (EXACT_ROUNDING, flags_for, cast_for_store, launch, ptr_or, row_slots, sequence_span,
+                       strides_or_zeros)
 from .problem import ConvProblem
 
 # Tile sizes: fixed constants (the result of an element does not depend on them anyway: the tile
@@ -202,7 +203,7 @@ def run_triton(p: ConvProblem) -> None:
     grid = (max(1, triton.cdiv(max(p.seqs.lengths), block_t)), triton.cdiv(dim, block_d), nseq)
     cap = p.captures
     w = p.weight  # stands in for absent or empty tensors (never empty itself)
-    _conv_kernel[grid](
+    launch(_conv_kernel, grid,
         ptr_or(p.x, w), w, ptr_or(p.bias, w), ptr_or(p.state_in, w), ptr_or(p.out, w),
         ptr_or(p.state_out, w), ptr_or(p.captured, w),
         ptr_or(p.seqs.cu_seqlens, w), ptr_or(cap.ptr, w), ptr_or(cap.offset, w), ptr_or(cap.row, w),

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, halves,
-                       ptr_or, row_slots, sequence_span, strides_or_zeros)
+                       launch, ptr_or, row_slots, sequence_span, strides_or_zeros)
 from .problem import ScanProblem
 
 # The launch configuration is a function of the model dimensions and input dtype alone: one
@@ -431,7 +431,7 @@ def dt_table(p: ScanProblem) -> torch.Tensor:
     if table.numel() == 0:
         return table
     dt, bias = p.dt[..., 0], None if p.dt_bias is None else p.dt_bias[:, 0]
-    _dt_table_kernel[(triton.cdiv(seqlen, DT_TABLE_BLOCK_T), batch)](
+    launch(_dt_table_kernel, (triton.cdiv(seqlen, DT_TABLE_BLOCK_T), batch),
         dt, p.A, ptr_or(bias, dt), table, seqlen, nheads, p.dt_min, p.dt_max,
         *dt.stride(), p.A.stride(0), 0 if bias is None else bias.stride(0),
         HAS_DT_BIAS=bias is not None, DT_SOFTPLUS=p.dt_softplus,
@@ -479,7 +479,7 @@ def run_triton(p: ScanProblem) -> None:
     grid = (nseq, nheads, triton.cdiv(headdim, block_p))
     cap = p.captures
     out = p.state_out
-    _scan_kernel[grid](
+    launch(_scan_kernel, grid,
         ptr_or(p.x, out), ptr_or(p.dt, out), ptr_or(table, out), p.A, ptr_or(p.B, out), ptr_or(p.C, out),
         ptr_or(p.D, out), ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out,
         ptr_or(p.state_index, out), ptr_or(p.state_out_index, out), ptr_or(p.has_initial, out), ptr_or(p.y, out),

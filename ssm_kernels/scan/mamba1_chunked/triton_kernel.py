@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ..._common import int_tables
-from ..._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain, ptr_or,
-                        row_slots, sequence_span, strides_or_zeros)
+from ..._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain,
+                        launch, ptr_or, row_slots, sequence_span, strides_or_zeros)
 from ..problem import ScanProblem
 
 
@@ -264,11 +264,11 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
     out = p.state_out
     cap = p.captures
     if nchunks:
-        _stage_bc_kernel[(nseq, nchunks, ngroups)](
+        launch(_stage_bc_kernel, (nseq, nchunks, ngroups),
             p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
             nchunks, *p.B.stride(), *p.C.stride(), **flags_for(_stage_bc_kernel, p), HAS_POSITIONS=phases is not None,
             BLOCK_N=nr * nl, CHUNK=chunk, num_warps=4, **EXACT_ROUNDING)
-    _mamba1_chunk_kernel[(nseq, ngroups, rows)](
+    launch(_mamba1_chunk_kernel, (nseq, ngroups, rows),
         ptr_or(p.x, out), ptr_or(p.dt, out), p.A, ptr_or(stage, out), ptr_or(p.D, out),
         ptr_or(p.z, out), ptr_or(p.dt_bias, out), ptr_or(p.state_in, out), out, ptr_or(p.y, out),
         ptr_or(p.captured, out), ptr_or(p.state_index, out), ptr_or(p.has_initial, out),

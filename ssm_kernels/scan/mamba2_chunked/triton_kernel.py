@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from ..problem import ScanProblem
-from ..._triton import (flags_for, INTERPRETED, cast_for_store, discretize_dt, exp2_flush, ptr_or, rounded,
+from ..._triton import (flags_for, INTERPRETED, cast_for_store, discretize_dt, exp2_flush, launch, ptr_or, rounded,
                         row_slots, strides_or_zeros)
 from .tables import STEP_WIDTH, ChunkCapture, ChunkRow, ChunkTables
 
@@ -470,7 +470,7 @@ def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None
         return
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
-    _dt_cumsum_kernel[(nchunks, nheads)](
+    launch(_dt_cumsum_kernel, (nchunks, nheads),
         dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, nheads, p.dt_min, p.dt_max,
         *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
         **flags_for(_dt_cumsum_kernel, p), CHUNK=tables.chunk_size, **ws.launch)
@@ -482,7 +482,7 @@ def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     if not tables.nchunks:
         return
     nm = tables.chunk_size // ws.cfg["BLOCK_M"]
-    _chunk_cb_kernel[(tables.nchunks * ngroups, nm, nm)](
+    launch(_chunk_cb_kernel, (tables.nchunks * ngroups, nm, nm),
         p.B, p.C, tables.chunks, ws.cb, dstate, ngroups, *p.B.stride(), *p.C.stride(),
         CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.launch)
 
@@ -498,7 +498,7 @@ def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> No
     n_nblocks = triton.cdiv(dstate, bn)
     # The inner-capture arguments are passed, stood in for where there are none (in the matmul
     # dtype): the kernel is the same binary with or without inner captures.
-    _chunk_state_kernel[(nchunks + ninner, nheads, triton.cdiv(headdim, bp) * n_nblocks)](
+    launch(_chunk_state_kernel, (nchunks + ninner, nheads, triton.cdiv(headdim, bp) * n_nblocks),
         p.x, p.B, ws.dt, ws.cs, tables.chunks, ws.states, nchunks, ptr_or(tables.inner, tables.chunks),
         ptr_or(ws.partial, ws.start), headdim, dstate, nheads, nheads // ngroups, n_nblocks,
         *p.x.stride(), *p.B.stride(),
@@ -515,7 +515,7 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
         return
     block = ws.cfg["PASS_BLOCK"]
     stand_in = tables.chunks  # an int64 tensor for absent tables
-    _state_passing_kernel[(p.seqs.count, nheads, triton.cdiv(headdim * dstate, block))](
+    launch(_state_passing_kernel, (p.seqs.count, nheads, triton.cdiv(headdim * dstate, block)),
         ptr_or(ws.states, out), ptr_or(ws.decay, out), ptr_or(ws.cs, out), tables.seq_steps, tables.steps,
         tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
         ptr_or(ws.partial, ptr_or(ws.start, out)), ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in),
@@ -535,7 +535,7 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
     out = p.state_out  # a stand-in for absent inputs
     bm, bp = ws.cfg["BLOCK_M"], ws.cfg["BLOCK_P"]
     n_pblocks = triton.cdiv(headdim, bp)
-    _chunk_output_kernel[(nchunks, nheads, tables.chunk_size // bm * n_pblocks)](
+    launch(_chunk_output_kernel, (nchunks, nheads, tables.chunk_size // bm * n_pblocks),
         p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, tables.chunks, ws.cb, ws.start,
         ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot,
         headdim, dstate, nheads, nheads // ngroups, n_pblocks,

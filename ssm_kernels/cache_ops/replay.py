@@ -1,0 +1,209 @@
+"""A step's later layers launch what its earlier ones launched, with their own tensors.
+
+Every layer of a serving step makes the same launches: the same kernels and grids over the
+step's tables and workspace, at the same sizes; only the layer's own tensors (inputs, weights,
+cache, output) differ, and where they are laid out alike (shapes, strides, dtypes, address modulo
+16, on which Triton specializes) the launches differ in those pointers only. So an engine op on
+Triton records its launches the first time it runs in a step with a layout, and again the next
+time, watching that second call: where it ran nothing but launches, views and allocations (a
+torch kernel's work, which a replay would skip, makes it void) and its launches agree with the
+first call's (each argument the same, or the call's own tensor in the same place, or a tensor
+the second call allocated, shaped as the first call's), the step's later calls with that layout
+skip the op's host work (views, the problem, flags, strides, Triton's argument binding) and
+launch the second call's kernels with their own tensors in place. A tensor the second call
+allocated (the dt table of the recurrent Mamba-2 scan) is reused: the call was done with it
+when it returned.
+
+A recording is void where a tensor it passed a kernel is another view of a call's tensor (not
+at its address), or two of the call's tensors share an address. After three recordings without
+agreement the op runs as it is for the rest of the step.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from triton.runtime.driver import driver
+
+from .. import _triton
+
+try:  # Triton 3.3 and later: a compiled kernel's launcher takes every parameter, constexprs too
+    from triton import knobs
+except ImportError:  # earlier: a replay launches through the kernel, binding its arguments
+    knobs = None
+
+RECORDINGS = 3  # per layout and step, at most
+_aten = torch.ops.aten
+_ALLOCATIONS = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.new_empty, _aten.new_empty_strided}
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One recorded launch: every parameter's value in order, and the positions of the call's
+    tensors among them ((position, index in the call's tensors)). compiled: the CompiledKernel the
+    launch ran (None where none is returned: under the interpreter), launched directly by a replay."""
+
+    kernel: object
+    grid: tuple[int, int, int]
+    values: tuple
+    options: dict
+    slots: tuple[tuple[int, int], ...]
+    allocated: frozenset[int]  # positions of tensors the call allocated
+    compiled: object | None
+
+
+@dataclass
+class _Entry:
+    recordings: int = 0
+    launches: list[_Launch] | None = None  # the latest recording that counts
+    agreed: bool = False  # two recordings in a row agree: later calls replay
+
+
+_DEFAULTS: dict = {}
+
+
+def _defaults(kernel) -> dict:
+    """Every parameter of the kernel by name, with its default (by id: hashing a JITFunction hashes
+    its source)."""
+    known = _DEFAULTS.get(id(kernel))
+    if known is None or known[0] is not kernel:
+        parameters = inspect.signature(kernel.fn).parameters
+        known = _DEFAULTS[id(kernel)] = (kernel, {name: p.default for name, p in parameters.items()})
+    return known[1]
+
+
+class _Recorder(TorchDispatchMode):
+    """Records the launches of a call (through _triton.launch); while entered as a dispatch mode
+    (watching), the tensors it allocates and whether it ran anything but launches, views and
+    allocations."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.tensors = tensors
+        self.addresses, self.storages = {}, set()
+        self.counts = True
+        for i, t in enumerate(tensors):
+            if t is not None and t.numel():
+                self.counts &= self.addresses.setdefault(t.data_ptr(), i) == i  # two of them at one address
+                self.storages.add(t.untyped_storage().data_ptr())
+        self.launches, self.allocated, self.launching = [], set(), False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.launching:  # an interpreted launch's own copies are not the call's
+            if func.overloadpacket in _ALLOCATIONS:
+                self.allocated.add(out.untyped_storage().data_ptr())
+            elif not func.is_view:
+                self.counts = False
+        return out
+
+    def launch(self, kernel, grid, args, kwargs) -> None:
+        self.launching = True
+        try:
+            compiled = kernel[grid](*args, **kwargs)
+        finally:
+            self.launching = False
+        names = kernel.arg_names
+        defaults = _defaults(kernel)
+        values = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))
+        slots, allocated = [], []
+        values = list(values)
+        for position, v in enumerate(values):
+            if not isinstance(v, torch.Tensor):
+                continue
+            i = self.addresses.get(v.data_ptr()) if v.numel() else None
+            if i is not None and v.dtype == self.tensors[i].dtype:
+                slots.append((position, i))
+                values[position] = None  # a replay puts its own tensor there; this one is not kept
+                continue
+            storage = v.untyped_storage().data_ptr()
+            if storage in self.storages:
+                self.counts = False  # another view of a call's tensor: not replaced by address
+            elif storage in self.allocated:
+                allocated.append(position)
+        options = {k: v for k, v in kwargs.items() if k not in defaults}
+        self.launches.append(_Launch(kernel, (*grid, 1, 1)[:3], tuple(values), options, tuple(slots),
+                                     frozenset(allocated), compiled if knobs is not None else None))
+
+
+def _agree(a: list[_Launch], b: list[_Launch]) -> bool:
+    """Whether two recordings are the same launches up to the calls' own tensors (and tensors
+    the second call allocated, shaped as the first call's)."""
+    return len(a) == len(b) and all(_same_launch(x, y) for x, y in zip(a, b))
+
+
+def _same_launch(x: _Launch, y: _Launch) -> bool:
+    if (x.kernel is not y.kernel or x.compiled is not y.compiled or x.grid != y.grid or x.options != y.options
+            or x.slots != y.slots or len(x.values) != len(y.values)):
+        return False
+    slotted = {position for position, _ in x.slots}
+    for position, (u, v) in enumerate(zip(x.values, y.values)):
+        if position in slotted:
+            continue
+        if type(u) is not type(v):
+            return False
+        if not isinstance(u, torch.Tensor):
+            if u != v:
+                return False
+        elif u.dtype != v.dtype:
+            return False
+        elif u.data_ptr() != v.data_ptr() and not (
+                position in y.allocated and u.shape == v.shape and u.stride() == v.stride()):
+            return False
+    return True
+
+
+def _stream():
+    """The current device's current stream, as Triton launches on it."""
+    return driver.active.get_current_stream(driver.active.get_current_device())
+
+
+def _replay(launches: list[_Launch], tensors) -> None:
+    stream = None
+    for launch in launches:
+        values = list(launch.values)
+        for position, i in launch.slots:
+            values[position] = tensors[i]
+        compiled = launch.compiled
+        if compiled is None:
+            launch.kernel[launch.grid](*values, **launch.options)
+            continue
+        if stream is None:
+            stream = _stream()
+        compiled.run(*launch.grid, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(launch.grid, stream, *values), knobs.runtime.launch_enter_hook,
+                     knobs.runtime.launch_exit_hook, *values)
+
+
+def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None]) -> None:
+    """call(): an engine op's Triton path on `tensors` (its tensor arguments, None where absent),
+    with `op` its name and every other argument; or, where this step (`launches`, the batch's)
+    has recorded it twice alike for tensors laid out as these, its launches with these tensors."""
+    key = (op, tensors[0].device,
+           tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
+    entry = launches.get(key)
+    if entry is None:
+        entry = launches[key] = _Entry()
+    if entry.agreed:
+        _replay(entry.launches, tensors)
+        return
+    if entry.recordings == RECORDINGS or _triton.recorder is not None:
+        call()
+        return
+    recorder = _Recorder(tensors)
+    _triton.recorder = recorder
+    try:
+        if entry.launches is None:  # a first recording: what it ran is the second's to check
+            call()
+        else:
+            with recorder:
+                call()
+    finally:
+        _triton.recorder = None
+    entry.recordings += 1
+    if recorder.counts:
+        entry.agreed = entry.launches is not None and _agree(entry.launches, recorder.launches)
+        entry.launches = recorder.launches

@@ -1,0 +1,235 @@
+"""A step's later layers replay the launches its earlier layers recorded (cache_ops/replay.py):
+the rules on a stand-in kernel, then every engine op on Triton against a fresh step, bit for bit."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import triton
+
+from helpers import mamba1_inputs, mamba2_inputs
+from ssm_kernels import _triton, cache_ops
+from ssm_kernels.cache_ops import replay
+
+
+class Kernel:
+    """A kernel's stand-in: each launch appends (grid, args, kwargs) to `launched` and returns
+    `compiled` (None, as under the interpreter)."""
+
+    def __init__(self, compiled=None):
+        def fn(a, b, n, flag, BLOCK=4):
+            pass
+        self.fn, self.arg_names, self.launched, self.compiled = fn, ["a", "b", "n", "flag", "BLOCK"], [], compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: (self.launched.append((grid, args, kwargs)), self.compiled)[1]
+
+
+class Op:
+    """An engine op's stand-in on a step (`launches`, the batch's): each call launches the kernel
+    on its tensor `x` (through _triton.launch) with what `body(x)` gives for the other arguments;
+    `ran` counts the calls that ran the body."""
+
+    def __init__(self, body, kernel=None):
+        self.kernel, self.body, self.launches, self.ran = kernel or Kernel(), body, {}, 0
+
+    def __call__(self, *tensors):
+        def call():
+            self.ran += 1
+            _triton.launch(self.kernel, (2,), tensors[0], *self.body(*tensors), BLOCK=8, num_warps=1)
+        replay.run(self.launches, ("op",), tensors, call)
+
+
+TABLE = torch.arange(6)  # a step's table: the same tensor for every layer
+
+
+def test_later_calls_replay_the_launches_with_their_own_tensors():
+    op = Op(lambda x: (TABLE, 5, True))
+    xs = [torch.randn(4, 3) for _ in range(4)]
+    for x in xs:
+        op(x)
+    assert op.ran == 2, "two recordings, then replays"
+    for x, (grid, args, kwargs) in zip(xs, op.kernel.launched):
+        assert grid in ((2,), (2, 1, 1)) and args[0] is x and args[1] is TABLE and args[2:4] == (5, True)
+    assert op.kernel.launched[-1][1][4] == 8 and op.kernel.launched[-1][2] == {"num_warps": 1}, \
+        "a replay passes every parameter in order, the launch options by name"
+
+
+def test_a_tensor_the_call_allocates_is_reused():
+    op = Op(lambda x: (torch.empty(3), 5, True))
+    for _ in range(4):
+        op(torch.randn(4, 3))
+    assert op.ran == 2
+    second, third, fourth = (args[1] for _, args, _ in op.kernel.launched[1:])
+    assert third is second and fourth is second, "the second recording's scratch"
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: (x + 1, 5, True),  # a torch kernel: a replay would skip its work
+    lambda x: (x[1:], 5, True),  # another view of the call's tensor: not replaced by its address
+    lambda x, count=itertools.count(): (TABLE, next(count), True),  # recordings that differ
+], ids=["torch kernel", "offset view", "recordings differ"])
+def test_a_call_that_cannot_be_replayed_runs_as_it_is(body):
+    op = Op(body)
+    recorders = []
+    op.body = lambda x: (recorders.append(_triton.recorder), body(x))[1]
+    for _ in range(5):
+        op(torch.randn(4, 3))
+    assert op.ran == 5
+    assert [r is not None for r in recorders] == [True] * replay.RECORDINGS + [False] * (5 - replay.RECORDINGS)
+
+
+def test_two_tensors_at_one_address_are_not_replayed():
+    op = Op(lambda x, y: (y, 5, True))
+    for _ in range(4):
+        x = torch.randn(4, 3)
+        op(x, x)
+    assert op.ran == 4
+
+
+def test_each_layout_records_its_own():
+    """Shape, strides, dtype and the address modulo 16 (Triton specializes on it) make a layout."""
+    op = Op(lambda x: (TABLE, 5, True))
+    layouts = [lambda: torch.randn(4, 3), lambda: torch.randn(3, 4).t(), lambda: torch.randn(4, 3).double(),
+               lambda: torch.randn(13)[1:].view(4, 3)]
+    for make in layouts:
+        for _ in range(3):
+            op(make())
+    assert op.ran == 2 * len(layouts)
+    assert len(op.launches) == len(layouts)
+
+
+def test_a_compiled_kernel_is_launched_directly(monkeypatch):
+    """Where the launch returned a compiled kernel (on a GPU), a replay calls its launcher on the
+    current stream with every parameter, as Triton's own launch does, and binds nothing."""
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def __init__(self):
+            self.ran = []
+
+        def run(self, *args):
+            self.ran.append(args)
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("metadata of", grid, stream, args)
+
+    compiled = Compiled()
+    monkeypatch.setattr(replay, "_stream", lambda: "stream")
+    op = Op(lambda x: (TABLE, 5, True), Kernel(compiled))
+    xs = [torch.randn(4, 3) for _ in range(3)]
+    for x in xs:
+        op(x)
+    assert len(op.kernel.launched) == 2, "the third call did not go through the kernel"
+    (args,) = compiled.ran
+    values = (xs[2], TABLE, 5, True, 8)
+    assert args[:6] == (2, 1, 1, "stream", "function", "metadata")
+    assert args[6] == ("metadata of", (2, 1, 1), "stream", values)
+    assert args[7:9] == (triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook)
+    assert args[9] is xs[2] and args[10:] == values[1:]
+
+
+# Every engine op on Triton, a step of three layers each with its own tensors and cache: the
+# third replays, and gives the bits of the same layer in a step of its own.
+LENGTHS, SLOTS, POSITIONS = [5, 0, 9, 1], [3, 1, 0, 2], [16, 0, 3, 0]
+HAS_INIT = [True, False, True, False]
+CAPTURES = [(0, 2, 4), (2, 9, 5)]  # (sequence, offset, slot)
+NSLOTS, CHUNK = 6, 16
+
+
+def _prefill_batch():
+    bounds = [0]
+    for n in LENGTHS:
+        bounds.append(bounds[-1] + n)
+    seq, offset, slot = zip(*CAPTURES)
+    return cache_ops.prefill_batch(
+        torch.tensor(bounds, dtype=torch.int32), torch.tensor(SLOTS, dtype=torch.int32),
+        has_initial_state=torch.tensor(HAS_INIT), capture_seq=list(seq), capture_offset=list(offset),
+        capture_slot=torch.tensor(slot), validate=False, start_positions=POSITIONS, host_cu_seqlens=bounds,
+        chunk_size=CHUNK)
+
+
+def _decode_batch():
+    return cache_ops.decode_batch(torch.tensor(SLOTS, dtype=torch.int32), nslots=NSLOTS)
+
+
+def _mamba2(ntokens):
+    kw = mamba2_inputs(1, ntokens, dtype=torch.bfloat16)
+    nheads, headdim, dstate = kw["initial_states"].shape[1:]
+    return dict(x=kw["x"][0], dt=kw["dt"][0], A=kw["A"], B=kw["B"][0], C=kw["C"][0], D=kw["D"], z=kw["z"][0],
+                dt_bias=kw["dt_bias"], ssm_state=torch.randn(NSLOTS, nheads, headdim, dstate).bfloat16(),
+                out=torch.zeros_like(kw["x"][0]))
+
+
+def _mamba1(ntokens, token_axis):
+    kw = mamba1_inputs(1, ntokens, ngroups=2)
+    t = (lambda v: v[0]) if token_axis == 1 else (lambda v: v[0].movedim(-1, 0))
+    dim, dstate = kw["A"].shape
+    return dict(u=t(kw["u"]), delta=t(kw["delta"]), A=kw["A"], B=t(kw["B"]), C=t(kw["C"]), D=kw["D"], z=t(kw["z"]),
+                delta_bias=kw["delta_bias"], ssm_state=torch.randn(NSLOTS, dim, dstate),
+                out=torch.zeros_like(t(kw["u"])))
+
+
+def _conv(ntokens, token_axis):
+    x = torch.randn(8, ntokens) if token_axis == 1 else torch.randn(ntokens, 8)
+    return dict(x=x, weight=torch.randn(8, 4), bias=torch.randn(8),
+                conv_state=torch.randn(NSLOTS, 3, 8).transpose(1, 2), out=torch.zeros_like(x))
+
+
+NTOKENS = sum(LENGTHS)
+OPS = {  # name: (the op with its options, its batch, a layer's tensors)
+    "mamba2_prefill recurrent": (lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_prefill(
+        b, x, dt, A, B, C, dt_softplus=True, algorithm="recurrent", **kw), _prefill_batch, lambda: _mamba2(NTOKENS)),
+    "mamba2_prefill chunked": (lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_prefill(
+        b, x, dt, A, B, C, dt_softplus=True, algorithm="chunked", chunk_size=CHUNK, **kw), _prefill_batch,
+        lambda: _mamba2(NTOKENS)),
+    "mamba1_prefill recurrent": (lambda b, u, delta, A, B, C, **kw: cache_ops.mamba1_prefill(
+        b, u, delta, A, B, C, delta_softplus=True, algorithm="recurrent", **kw), _prefill_batch,
+        lambda: _mamba1(NTOKENS, 1)),
+    "mamba1_prefill chunked": (lambda b, u, delta, A, B, C, **kw: cache_ops.mamba1_prefill(
+        b, u, delta, A, B, C, delta_softplus=True, algorithm="chunked", chunk_size=CHUNK, **kw), _prefill_batch,
+        lambda: _mamba1(NTOKENS, 1)),
+    "conv_prefill": (lambda b, x, weight, bias, **kw: cache_ops.conv_prefill(b, x, weight, bias, activation="silu",
+                                                                            **kw), _prefill_batch,
+                     lambda: _conv(NTOKENS, 1)),
+    "mamba2_decode": (lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_decode(b, x, dt, A, B, C, dt_softplus=True,
+                                                                             **kw), _decode_batch,
+                      lambda: _mamba2(len(SLOTS))),
+    "mamba1_decode": (lambda b, u, delta, A, B, C, **kw: cache_ops.mamba1_decode(
+        b, u, delta, A, B, C, delta_softplus=True, **kw), _decode_batch, lambda: _mamba1(len(SLOTS), 0)),
+    "conv_decode": (lambda b, x, weight, bias, **kw: cache_ops.conv_decode(b, x, weight, bias, activation="silu",
+                                                                          **kw), _decode_batch,
+                    lambda: _conv(len(SLOTS), 0)),
+}
+
+
+@pytest.fixture
+def on_the_device():
+    """Triton runs on CUDA tensors where there is a GPU, through the interpreter elsewhere."""
+    torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")
+    yield torch.get_default_device()
+    torch.set_default_device("cpu")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_a_replayed_layer_gives_the_bits_of_a_fresh_step(name, on_the_device):
+    op, make_batch, make_layer = OPS[name]
+    layers = [{k: v.to(on_the_device) for k, v in make_layer().items()} for _ in range(3)]
+    want = {k: v.clone() for k, v in layers[2].items()}
+    op(make_batch(), **want, backend="triton")
+    batch = make_batch()
+    for i, layer in enumerate(layers):
+        op(batch, **layer, backend="triton", validate=i == 0)
+    (entry,) = batch.launches.values()
+    assert entry.agreed and entry.recordings == 2, "the third layer replayed"
+    for k, v in want.items():
+        assert torch.equal(layers[2][k], v), k
+
+
+def test_the_pytorch_backend_records_nothing():
+    op, make_batch, make_layer = OPS["conv_prefill"]
+    batch = make_batch()
+    for _ in range(3):
+        op(batch, **make_layer(), backend="torch")
+    assert batch.launches == {}
