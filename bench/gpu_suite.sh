@@ -7,7 +7,8 @@
 #      file's kernel specialisations takes the time, on one CPU core per process), each cut at
 #      TESTS_S seconds (default 200); logs/tests-<k>.log (pytest -v, so a cut shard still names each
 #      test it finished);
-#   3. python -m bench.accuracy (every mamba2_scan path against float64);
+#   3. python -m bench.accuracy (every mamba2_scan path against float64), then python -m bench.host
+#      --device cuda (the engine ops' host time per layer call, replays included);
 #   4. the headline: python -m bench.scan --seqlens 8192 32768 --no-varlen (and --sections): recurrent and chunked
 #      passes at batch 1 with the peers at the three Mamba-2 shapes and Mamba-1 (call, kernel and
 #      host time per call), 8 captures spread and 8 at chunk starts, the grid split, the crossover,
@@ -114,8 +115,12 @@ else
   grep -h -E "^(FAILED|ERROR) " "$OUT"/logs/tests-*.log || true
 fi
 
-# 3. Accuracy of every mamba2_scan path against float64 (the compiled kernels on a GPU).
+# 3. Accuracy of every mamba2_scan path against float64 (the compiled kernels on a GPU), and the
+# engine ops' host time per layer call (launched on the GPU; on CPU, stubbed).
 step accuracy accuracy.log 300 "$PY" -m bench.accuracy
+HOST_DEVICE=cpu
+case "$KIND" in gpu*) HOST_DEVICE=cuda ;; esac
+step host host.log 120 "$PY" -m bench.host --device "$HOST_DEVICE" --repeats 3 --out "$OUT/host"
 
 # 4. The headline rows, then 5. serve in what is left.
 limit=$(( $(left) - SERVE_S - 10 ))

@@ -1,24 +1,28 @@
-"""The engine ops' host work per layer call: python -m bench.host [--layers N] [--repeats N] [--out DIR]
+"""The engine ops' host work per layer call: python -m bench.host [--layers N] [--repeats N] [--device D] [--out DIR]
 
-Without a GPU. A serving step builds one PrefillBatch (or DecodeBatch) and calls every layer's ops
-with it; on a GPU, what a call costs on the host (validation, tables, views, the torch ops around
-the kernels, each Triton launch's argument binding) is what the step pays beyond its kernels when
-the host is the bottleneck. Here every call runs on CPU tensors, at a small layer shape so that the
-torch ops that do run on the CPU cost little, with its Triton launches stubbed: for the times, each
-launch through JITFunction.run does what it does for a compiled kernel before the driver call (the
-generated binder for sm_90a, the cache key) and returns a stand-in for the compiled kernel, whose
-launcher a replayed launch (ssm_kernels/cache_ops/replay.py) calls and which does nothing; for the
-counts, a second pass records the launches (triton_static.launches.recording) and the torch
-dispatches. Per op, for the step's first layer, its second and its later layers (the first two
-record their launches, the later ones replay them): host time (median), the time from entry to
-the first launch, launches, torch kernels and views dispatched, and allocations (outputs whose
-storage no input shares); a step's batch is built before its layers (prefill_batch's own time is
-its own row), from host lengths and captures as the vLLM plugin builds it, and the layers are
-called as the plugin calls them: the first with validate=True, the later ones with
-validate=False. A warm-up step first, so that one-time work (each kernel's binder) is not counted.
+Without a GPU (and on one: --device cuda, below). A serving step builds one PrefillBatch (or
+DecodeBatch) and calls every layer's ops with it; on a GPU, what a call costs on the host
+(validation, tables, views, the torch ops around the kernels, each Triton launch's argument
+binding) is what the step pays beyond its kernels when the host is the bottleneck. Here every call
+runs on CPU tensors, at a small layer shape so that the torch ops that do run on the CPU cost
+little, with its Triton launches stubbed: for the times, each launch through JITFunction.run does
+what it does for a compiled kernel before the driver call (the generated binder for sm_90a, the
+cache key) and returns a stand-in for the compiled kernel, whose launcher a replayed launch
+(ssm_kernels/cache_ops/replay.py) calls and which does nothing; for the counts, a second pass
+records the launches (triton_static.launches.recording) and the torch dispatches. Per op, for the
+step's first layer, its second and its later layers (the first two record their launches, the later
+ones replay them): host time (median), the time from entry to the first launch, launches, torch
+kernels and views dispatched, and allocations (outputs whose storage no input shares); a step's
+batch is built before its layers (prefill_batch's own time is its own row), from host lengths and
+captures as the vLLM plugin builds it, and the layers are called as the plugin calls them: the
+first with validate=True, the later ones with validate=False. A warm-up step first, so that one-
+time work (each kernel's binder) is not counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
-layers within one run, not across machines. Results: host.json and host.md in --out (default
+layers within one run, not across machines. With --device cuda (on a GPU) the calls launch their
+kernels and only the times are taken: a call's wall time is its host time, the launches
+included (it returns before its kernels run); a replayed call's first launch is timed where it
+asks for the stream. Results: host.json and host.md in --out (default
 bench/results/<date>-host).
 """
 from __future__ import annotations
@@ -177,6 +181,20 @@ def launches_stubbed():
         yield
 
 
+@contextlib.contextmanager
+def launches_on_gpu():
+    """Inside, the calls launch their kernels; a replayed call's first launch is timed where it
+    asks for the stream, just before it."""
+    real = replay._stream
+
+    def stream():
+        if not _first_launch:
+            _first_launch.append(time.perf_counter())
+        return real()
+    with mock.patch.object(replay, "_stream", stream):
+        yield
+
+
 def _timed(call) -> tuple[float, float]:
     """(us the call took, us from its entry to its first launch)."""
     _first_launch.clear()
@@ -199,41 +217,48 @@ def _counted(call) -> dict:
 LAYERS = {"first": slice(0, 1), "second": slice(1, 2), "later": slice(2, None)}
 
 
-def measure(layers: int, repeats: int) -> list[dict]:
+def measure(layers: int, repeats: int, device: torch.device) -> list[dict]:
     """Per op: a warm-up step, then `repeats` steps of `layers` layer calls each, every step with
-    a fresh batch, timed; then one step counted."""
-    cpu = torch.device("cpu")
+    a fresh batch, timed; then, on CPU, one step counted."""
     rows = []
-    args, kwargs = _batch_args(cpu)
+    args, kwargs = _batch_args(device)
     batch_us = [_timed(lambda: cache_ops.prefill_batch(*args, **kwargs))[0] for _ in range(repeats + 1)][1:]
     rows.append({"op": "prefill_batch (once a step)", "first": {"us": statistics.median(batch_us)}})
-    for name in calls(_step(cpu)):
+    on_gpu = device.type == "cuda"
+    for name in calls(_step(device)):
         timed = []
-        with launches_stubbed():
+        with launches_on_gpu() if on_gpu else launches_stubbed():
             for _ in range(repeats + 1):
-                call = calls(_step(cpu))[name]
+                call = calls(_step(device))[name]
                 timed.append([_timed(lambda: call(layer == 0)) for layer in range(layers)])
+                if on_gpu:
+                    torch.cuda.synchronize()
         timed = timed[1:]  # the first step warms up
-        call = calls(_step(cpu))[name]
-        counts = [_counted(lambda: call(layer == 0)) for layer in range(layers)]
+        counts = [{}] * layers
+        if not on_gpu:
+            call = calls(_step(device))[name]
+            counts = [_counted(lambda: call(layer == 0)) for layer in range(layers)]
         row = {"op": name}
         for part, span in LAYERS.items():
             times = [t for step in timed for t in step[span]]
             row[part] = {"us": statistics.median(t for t, _ in times),
-                         "first_launch_us": statistics.median(f for _, f in times),
                          **{k: max(c[k] for c in counts[span]) for k in counts[0]}}
+        row["later"]["first_launch_us"] = statistics.median(f for step in timed for _, f in step[LAYERS["later"]])
         rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict], env: dict) -> str:
-    header = (f"Host work per layer call (CPU, Triton launches stubbed after binding; {env['cpu']}, "
+    how = ("GPU, launched: a call returns before its kernels run" if env["device"] == "cuda"
+           else "CPU, Triton launches stubbed after binding")
+    header = (f"Host work per layer call ({how}; {env['cpu']}, "
               f"commit {env['commit']}, {env['date']}): a step of {env['layers']} layers, "
               f"{env['repeats']} steps; time is the median, counts the largest. The first layer validates; the "
               f"first two record their launches, the later ones replay them.\n\n")
     body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in LAYERS),
              f"{r['later']['first_launch_us']:.0f}" if "later" in r else "",
-             *(r["later"][c] if "later" in r else "" for c in ("launches", "torch_kernels", "views", "allocations")),
+             *(r["later"].get(c, "") if "later" in r else "" for c in ("launches", "torch_kernels", "views",
+                                                                         "allocations")),
              r["first"].get("allocations", "")] for r in rows]
     columns = ["op", "first layer us", "second layer us", "later layers us", "later: first launch after us",
                "launches", "torch kernels", "views", "allocations", "first layer's allocations"]
@@ -245,13 +270,18 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=8, help="layer calls per step (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="steps per op (default 5)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (default): launches stubbed, with counts; cuda: launched on the GPU, times only")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<date>-host)")
     args = parser.parse_args(argv)
     if args.layers < 3 or args.repeats < 1:
         parser.error("--layers must be at least 3 and --repeats at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a GPU")
     torch.set_num_threads(1)
-    rows = measure(args.layers, args.repeats)
-    env = {"cpu": cpu_name(), "commit": git_commit().get("commit", "unknown")[:12], "torch": torch.__version__,
+    rows = measure(args.layers, args.repeats, torch.device(args.device))
+    env = {"cpu": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(), "device": args.device,
+           "commit": git_commit().get("commit", "unknown")[:12], "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "layers": args.layers, "repeats": args.repeats}
     out = args.out or RESULTS_DIR / f"{env['date']}-host"
     out.mkdir(parents=True, exist_ok=True)
