@@ -319,14 +319,16 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
     else:
         device = x.device
     backend = resolve_backend(backend, device)
-    seqs = batch.seqs
-    if backend == "triton":
-        # The grid covers the longest possible sequence; the kernel reads true lengths on the device.
-        seqs = dataclasses.replace(seqs, lengths=[x.shape[1]] * seqs.count)
-    call = lambda: (run_conv_triton if backend == "triton" else run_conv_torch)(ConvProblem(
-        x=x.unsqueeze(0), weight=weight, bias=bias, silu=activation is not None, state_in=conv_state, seqs=seqs,
-        captures=batch.captures, out=out.unsqueeze(0), state_out=conv_state, captured=conv_state,
-        state_index=batch.state_indices, has_initial=batch.has_initial, skip_slot=batch.skip_slot))
+
+    def call():
+        seqs = batch.seqs
+        if backend == "triton":
+            # The grid covers the longest possible sequence; the kernel reads true lengths on the device.
+            seqs = dataclasses.replace(seqs, lengths=[x.shape[1]] * seqs.count)
+        (run_conv_triton if backend == "triton" else run_conv_torch)(ConvProblem(
+            x=x.unsqueeze(0), weight=weight, bias=bias, silu=activation is not None, state_in=conv_state, seqs=seqs,
+            captures=batch.captures, out=out.unsqueeze(0), state_out=conv_state, captured=conv_state,
+            state_index=batch.state_indices, has_initial=batch.has_initial, skip_slot=batch.skip_slot))
     _launch(batch, backend, ("conv_prefill", activation), (x, weight, bias, conv_state, out), call)
 
 
