@@ -138,7 +138,9 @@ CAPTURES = [(0, 2, 4), (2, 9, 5)]  # (sequence, offset, slot)
 NSLOTS, CHUNK = 6, 16
 
 
-def _prefill_batch():
+def _prefill_batch(chunk_size=CHUNK):
+    """The step from host data, as the vLLM plugin builds it; without chunk_size its chunk tables
+    are built by the step's first chunked layer."""
     bounds = [0]
     for n in LENGTHS:
         bounds.append(bounds[-1] + n)
@@ -147,7 +149,7 @@ def _prefill_batch():
         torch.tensor(bounds, dtype=torch.int32), torch.tensor(SLOTS, dtype=torch.int32),
         has_initial_state=torch.tensor(HAS_INIT), capture_seq=list(seq), capture_offset=list(offset),
         capture_slot=torch.tensor(slot), validate=False, start_positions=POSITIONS, host_cu_seqlens=bounds,
-        chunk_size=CHUNK)
+        chunk_size=chunk_size)
 
 
 def _decode_batch():
@@ -184,6 +186,10 @@ OPS = {  # name: (the op with its options, its batch, a layer's tensors)
     "mamba2_prefill chunked": (lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_prefill(
         b, x, dt, A, B, C, dt_softplus=True, algorithm="chunked", chunk_size=CHUNK, **kw), _prefill_batch,
         lambda: _mamba2(NTOKENS)),
+    "mamba2_prefill chunked, tables built by the first layer": (
+        lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_prefill(b, x, dt, A, B, C, dt_softplus=True,
+                                                                 algorithm="chunked", chunk_size=CHUNK, **kw),
+        lambda: _prefill_batch(chunk_size=None), lambda: _mamba2(NTOKENS)),
     "mamba1_prefill recurrent": (lambda b, u, delta, A, B, C, **kw: cache_ops.mamba1_prefill(
         b, u, delta, A, B, C, delta_softplus=True, algorithm="recurrent", **kw), _prefill_batch,
         lambda: _mamba1(NTOKENS, 1)),
@@ -233,3 +239,17 @@ def test_the_pytorch_backend_records_nothing():
     for _ in range(3):
         op(batch, **make_layer(), backend="torch")
     assert batch.launches == {}
+
+
+def test_a_replayed_op_still_checks_its_arguments(on_the_device):
+    """validate=True checks a layer's arguments before a replay: an `out` over x is refused."""
+    op, make_batch, make_layer = OPS["conv_prefill"]
+    batch = make_batch()
+    for _ in range(3):
+        op(batch, **{k: v.to(on_the_device) for k, v in make_layer().items()}, backend="triton", validate=False)
+    (entry,) = batch.launches.values()
+    assert entry.agreed
+    layer = {k: v.to(on_the_device) for k, v in make_layer().items()}
+    layer["out"] = layer["x"]
+    with pytest.raises(ValueError, match="out"):
+        op(batch, **layer, backend="triton")
