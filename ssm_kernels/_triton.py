@@ -1,6 +1,8 @@
 """Pieces the Triton kernels and their launchers share."""
 from __future__ import annotations
 
+import threading
+
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
@@ -191,13 +193,20 @@ def flags_for(kernel, problem) -> dict[str, bool]:
     return {name: value for name, value in problem.flags.items() if name in names}
 
 
-# Set while an engine op's launches are recorded (cache_ops/replay.py): it then launches them.
-recorder = None
+class _Launches(threading.local):
+    """Per thread: the recorder of the engine op being recorded (cache_ops/replay.py), which then
+    makes the thread's launches, or None."""
+
+    recorder = None
+
+
+launches = _Launches()
 
 
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs): every kernel of the library is launched here, where a
     serving step's recorder sees it."""
+    recorder = launches.recorder
     if recorder is None:
         kernel[grid](*args, **kwargs)
     else:

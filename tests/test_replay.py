@@ -3,6 +3,7 @@ the rules on a stand-in kernel, then every engine op on Triton against a fresh s
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
@@ -73,7 +74,7 @@ def test_a_tensor_the_call_allocates_is_reused():
 def test_a_call_that_cannot_be_replayed_runs_as_it_is(body):
     op = Op(body)
     recorders = []
-    op.body = lambda x: (recorders.append(_triton.recorder), body(x))[1]
+    op.body = lambda x: (recorders.append(_triton.launches.recorder), body(x))[1]
     for _ in range(5):
         op(torch.randn(4, 3))
     assert op.ran == 5
@@ -86,6 +87,22 @@ def test_two_tensors_at_one_address_are_not_replayed():
         x = torch.randn(4, 3)
         op(x, x)
     assert op.ran == 4
+
+
+def test_another_threads_launches_are_not_recorded():
+    """A recorder sees its own thread's launches only (another engine may launch meanwhile)."""
+    other = Kernel()
+
+    def body(x):
+        thread = threading.Thread(target=lambda: _triton.launch(other, (1,), TABLE, TABLE, 1, False))
+        thread.start()
+        thread.join()
+        return TABLE, 5, True
+    op = Op(body)
+    for _ in range(4):
+        op(torch.randn(4, 3))
+    assert op.ran == 2 and len(op.kernel.launched) == 4
+    assert len(other.launched) == 2, "launched by its own thread, never replayed with the op"
 
 
 def test_each_layout_records_its_own():

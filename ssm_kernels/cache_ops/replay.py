@@ -190,11 +190,11 @@ def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None]) -> 
     if entry.agreed:
         _replay(entry.launches, tensors)
         return
-    if entry.recordings == RECORDINGS or _triton.recorder is not None:
+    if entry.recordings == RECORDINGS or _triton.launches.recorder is not None:
         call()
         return
     recorder = _Recorder(tensors)
-    _triton.recorder = recorder
+    _triton.launches.recorder = recorder
     try:
         if entry.launches is None:  # a first recording: what it ran is the second's to check
             call()
@@ -202,7 +202,7 @@ def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None]) -> 
             with recorder:
                 call()
     finally:
-        _triton.recorder = None
+        _triton.launches.recorder = None
     entry.recordings += 1
     if recorder.counts:
         entry.agreed = entry.launches is not None and _agree(entry.launches, recorder.launches)
