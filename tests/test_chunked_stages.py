@@ -87,16 +87,20 @@ def make_pass(case, dtype, device):
                            mm_tol=TOLERANCE[tk.MATMUL_DTYPES[dtype]])
 
 
-def workspace(run, **given):
-    """The pass's Triton workspace, NaN but for the given scratch, copied in from the references
-    (cs converted to base 2, each rounded to its scratch's dtype)."""
+def run_stage(stage, case, dtype, device, *inputs):
+    """A pass (make_pass) after the Triton stage `stage` ran on a workspace that is NaN but for the
+    scratch named in `inputs`, copied in from the references (cs converted to base 2, each rounded
+    to its scratch's dtype): (the pass, the workspace)."""
+    run = make_pass(case, dtype, device)
     ws = tk.new_workspace(run.p, run.tables)
     for f in fields(ws):
         if f.name != "cfg":
             getattr(ws, f.name).fill_(float("nan"))
-    for name, value in given.items():
+    for name in inputs:
+        value = getattr(run.want, name)
         getattr(ws, name).copy_(value * LOG2E if name == "cs" else value)
-    return ws
+    stage(run.p, run.tables, ws)
+    return run, ws
 
 
 # The Triton stages -------------------------------------------------------------------------------
@@ -104,9 +108,7 @@ def workspace(run, **given):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_stage1_dt_cumsum(case, dtype, device):
-    run = make_pass(case, dtype, device)
-    ws = workspace(run)
-    tk.stage1_dt_cumsum(run.p, run.tables, ws)
+    run, ws = run_stage(tk.stage1_dt_cumsum, case, dtype, device)
     assert_rel_close(ws.dt, run.want.dt, F32_TOL, "dt'")
     assert_rel_close(ws.cs / LOG2E, run.want.cs, F32_TOL, "cs")
     assert_rel_close(ws.decay, run.want.decay, F32_TOL, "decay")
@@ -115,9 +117,7 @@ def test_stage1_dt_cumsum(case, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_stage2_chunk_cb(case, dtype, device):
-    run = make_pass(case, dtype, device)
-    ws = workspace(run)
-    tk.stage2_chunk_cb(run.p, run.tables, ws)
+    run, ws = run_stage(tk.stage2_chunk_cb, case, dtype, device)
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()  # all the kernels write or read
     assert_rel_close(torch.where(causal, ws.cb, 0.0), torch.where(causal, run.want.cb, 0.0), run.mm_tol, "C B^T")
 
@@ -125,9 +125,7 @@ def test_stage2_chunk_cb(case, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_stage3_chunk_state(case, dtype, device):
-    run = make_pass(case, dtype, device)
-    ws = workspace(run, dt=run.want.dt, cs=run.want.cs)
-    tk.stage3_chunk_state(run.p, run.tables, ws)
+    run, ws = run_stage(tk.stage3_chunk_state, case, dtype, device, "dt", "cs")
     assert_rel_close(ws.states, run.want.states, run.mm_tol, "chunk states")
     assert_rel_close(ws.partial, run.want.partial, run.mm_tol, "inner captures' partial states")
 
@@ -135,10 +133,8 @@ def test_stage3_chunk_state(case, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_stage4_state_passing(case, dtype, device):
-    run = make_pass(case, dtype, device)
+    run, ws = run_stage(tk.stage4_state_passing, case, dtype, device, "states", "decay", "cs", "partial")
     want = run.want
-    ws = workspace(run, states=want.states, decay=want.decay, cs=want.cs, partial=want.partial)
-    tk.stage4_state_passing(run.p, run.tables, ws)
     assert_rel_close(ws.start, want.start, run.mm_tol, "chunk-start states")  # stored in the matmul dtype
     assert_rel_close(run.p.state_out, want.final, F32_TOL, "final states")
     assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")  # the partials' rounding
@@ -147,11 +143,8 @@ def test_stage4_state_passing(case, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_stage5_chunk_output(case, dtype, device):
-    run = make_pass(case, dtype, device)
-    want = run.want
-    ws = workspace(run, dt=want.dt, cs=want.cs, cb=want.cb, start=want.start)
-    tk.stage5_chunk_output(run.p, run.tables, ws)
-    assert_rel_close(run.p.y, want.y, run.mm_tol, "y")
+    run, _ = run_stage(tk.stage5_chunk_output, case, dtype, device, "dt", "cs", "cb", "start")
+    assert_rel_close(run.p.y, run.want.y, run.mm_tol, "y")
 
 
 # The PyTorch path's equivalents, chunk by chunk (float32 whatever the input dtype) ----------------
