@@ -193,20 +193,20 @@ def flags_for(kernel, problem) -> dict[str, bool]:
     return {name: value for name, value in problem.flags.items() if name in names}
 
 
-class _Launches(threading.local):
+class _Recording(threading.local):
     """Per thread: the recorder of the engine op being recorded (cache_ops/replay.py), which then
     makes the thread's launches, or None."""
 
     recorder = None
 
 
-launches = _Launches()
+recording = _Recording()
 
 
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs): every kernel of the library is launched here, where a
     serving step's recorder sees it."""
-    recorder = launches.recorder
+    recorder = recording.recorder
     if recorder is None:
         kernel[grid](*args, **kwargs)
     else:

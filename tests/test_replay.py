@@ -74,7 +74,7 @@ def test_a_tensor_the_call_allocates_is_reused():
 def test_a_call_that_cannot_be_replayed_runs_as_it_is(body):
     op = Op(body)
     recorders = []
-    op.body = lambda x: (recorders.append(_triton.launches.recorder), body(x))[1]
+    op.body = lambda x: (recorders.append(_triton.recording.recorder), body(x))[1]
     for _ in range(5):
         op(torch.randn(4, 3))
     assert op.ran == 5

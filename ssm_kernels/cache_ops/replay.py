@@ -108,9 +108,8 @@ class _Recorder(TorchDispatchMode):
             self.launching = False
         names = kernel.arg_names
         defaults = _defaults(kernel)
-        values = (*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):]))
+        values = [*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):])]
         slots, allocated = [], []
-        values = list(values)
         for position, v in enumerate(values):
             if not isinstance(v, torch.Tensor):
                 continue
@@ -190,11 +189,11 @@ def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None]) -> 
     if entry.agreed:
         _replay(entry.launches, tensors)
         return
-    if entry.recordings == RECORDINGS or _triton.launches.recorder is not None:
+    if entry.recordings == RECORDINGS or _triton.recording.recorder is not None:
         call()
         return
     recorder = _Recorder(tensors)
-    _triton.launches.recorder = recorder
+    _triton.recording.recorder = recorder
     try:
         if entry.launches is None:  # a first recording: what it ran is the second's to check
             call()
@@ -202,7 +201,7 @@ def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None]) -> 
             with recorder:
                 call()
     finally:
-        _triton.launches.recorder = None
+        _triton.recording.recorder = None
     entry.recordings += 1
     if recorder.counts:
         entry.agreed = entry.launches is not None and _agree(entry.launches, recorder.launches)
