@@ -8,14 +8,25 @@ import torch
 from helpers import mamba1_inputs, mamba1_positional, mamba2_inputs, mamba2_positional
 import ssm_kernels
 from ssm_kernels import selective_state_update
+from ssm_kernels.scan import cpu_loop
 
 # The recurrent path by name: the scans' default, "auto", takes the chunked path on CUDA for long
 # passes (its exactness and tolerances differ: README.md, "Semantics and exactness").
 mamba2_scan = functools.partial(ssm_kernels.mamba2_scan, algorithm="recurrent")
 mamba1_scan = functools.partial(ssm_kernels.mamba1_scan, algorithm="recurrent")
 
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "torch-pytorch-loop", "triton"]
 SEQLEN = 13
+
+
+@pytest.fixture
+def backend(request, monkeypatch):
+    """The backend by name; "torch-pytorch-loop" is the torch backend with the recurrent scan's
+    PyTorch token loop (which runs where the compiled CPU loop does not build)."""
+    if request.param == "torch-pytorch-loop":
+        monkeypatch.setattr(cpu_loop, "library", lambda: None)
+        return "torch"
+    return request.param
 
 
 def one_sequence(dtype=torch.float32, device="cpu"):
@@ -31,7 +42,7 @@ def slice_time(args, kw, lo, hi):
     return (x[:, lo:hi], dt[:, lo:hi], A, B[:, lo:hi], C[:, lo:hi]), kw
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [0, 1, 6, SEQLEN - 1, SEQLEN])
 def test_split_at_any_offset_is_bitwise(backend, dtype, k, device):
@@ -48,7 +59,7 @@ def test_split_at_any_offset_is_bitwise(backend, dtype, k, device):
     assert torch.equal(tail.final_states, whole.final_states)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_three_passes_equal_one(backend, device):
     args, kw = one_sequence(device=device)
     whole = mamba2_scan(*args, **kw, backend=backend)
@@ -62,7 +73,7 @@ def test_three_passes_equal_one(backend, device):
     assert torch.equal(state, whole.final_states)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_batch_neighbours_and_captures_change_nothing(backend, device):
     """A sequence gives the same bits alone, packed among others (empty and 1-token ones
     included), in a dense batch, and with or without any captures."""
@@ -91,7 +102,7 @@ def test_batch_neighbours_and_captures_change_nothing(backend, device):
     assert torch.equal(dense.captured_states[0], packed.captured_states[2])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_duplicate_and_unordered_captures_land_in_their_rows(backend, device):
     args, kw = one_sequence(device=device)
     order = [7, 2, SEQLEN, 7, 0]
@@ -103,7 +114,7 @@ def test_duplicate_and_unordered_captures_land_in_their_rows(backend, device):
     assert torch.equal(got.captured_states[4], kw["initial_states"][0])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_decode_step_equals_one_token_pass(backend, device):
     args, kw = mamba2_positional(mamba2_inputs(3, 1, device=device))
     x, dt, A, B, C = args
@@ -119,7 +130,7 @@ def test_decode_step_equals_one_token_pass(backend, device):
     assert torch.equal(state[[0, 2, 4]], pool[[0, 2, 4]])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_decode_continues_a_prefill_bitwise(backend, device):
     """Prefill n tokens, then decode token n: the same bits as prefilling n + 1 tokens."""
     args, kw = one_sequence(device=device)
@@ -133,7 +144,7 @@ def test_decode_continues_a_prefill_bitwise(backend, device):
     assert torch.equal(y, whole.y[:, t]) and torch.equal(state, whole.final_states)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("k", [0, 4, 11])
 def test_mamba1_split_and_varlen_are_bitwise(backend, k, device):
     args, kw = mamba1_positional(mamba1_inputs(1, 11, ngroups=2, device=device))
@@ -175,7 +186,7 @@ def one_token_pass(args, opts, states, backend):
     return mamba2_scan(*args, **opts, initial_states=states, backend=backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("validate", [True, False])
 def test_decode_into_other_slots_with_padding(backend, validate, device):
     """Rows read state_indices and write dst_state_indices; padded rows touch no state and
@@ -198,7 +209,7 @@ def test_decode_into_other_slots_with_padding(backend, validate, device):
     assert torch.equal(state[untouched], pool[untouched])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_with_a_16_bit_state_pool(backend, dtype, device):
     """A 16-bit pool: y is the one-token pass's from the stored state in float32, and the

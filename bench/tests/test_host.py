@@ -38,6 +38,7 @@ def test_a_later_layer_launches_and_runs_nothing_else(rows, op):
         assert rows[op][part]["launches"] == LAUNCHES[op], part
     later = rows[op]["later"]
     assert (later["torch_kernels"], later["views"], later["allocations"]) == (0, 0, 0)
+    assert rows[op]["second"]["allocations"] == 0  # what a layer needs beyond its outputs is the step's
     assert rows[op]["first"]["us"] > later["us"] >= later["first_launch_us"] > 0
 
 

@@ -20,7 +20,7 @@ from ..scan import mamba2_chunked
 from ..scan.algorithm import check_start_positions
 from ..scan.mamba2_chunked.tables import make_chunk_tables, plan_chunks
 
-CHUNK_TABLES = "mamba2 chunk tables"  # HostStep.prepared's key (with the chunk size)
+CHUNK_TABLES = "mamba2 chunk tables"  # PrefillBatch.prepared's key (with the chunk size)
 
 # vLLM's conventions: PAD_SLOT_ID marks a padded prefill row, NULL_BLOCK_ID a padded decode row.
 PAD_SLOT_ID = -1
@@ -41,8 +41,10 @@ class PrefillBatch:
         writes or reads, where the batch read them back (see slot_extremes); ntokens: the tokens
         the pass needs (cu_seqlens[-1]), likewise, else None. The ops check these against the
         tensors they are given.
-    launches: the launches the step's layers recorded, replayed by its later layers (replay.py);
-        a batch made by dataclasses.replace starts without them.
+    prepared: what the step's layers share, built by the first layer that needs it: tables derived
+        from the batch and scratch tensors (see per_step).
+    launches: the launches the step's layers recorded, replayed by its later layers (replay.py).
+    A batch made by dataclasses.replace starts without prepared and launches.
     """
 
     seqs: Sequences
@@ -53,6 +55,7 @@ class PrefillBatch:
     host: HostStep | None = None
     extremes: tuple = ()
     ntokens: int | None = None
+    prepared: dict = field(init=False, default_factory=dict, compare=False, repr=False)
     launches: dict = field(init=False, default_factory=dict, compare=False, repr=False)
 
 
@@ -67,15 +70,12 @@ class HostStep:
     slots, has_initial and captures are None for a batch built from host lengths and captures
     (prefill_batch's host_cu_seqlens), which reads nothing back: the Mamba-2 chunked kernels need
     none of them; host_indices reads them back for the paths that do.
-    prepared: device tables derived from these, built by the first layer that needs them and
-        shared by the step's other layers.
     """
 
     start_positions: list[int]
     slots: list[int] | None
     has_initial: list[bool] | None
     captures: list[tuple[int, int, int]] | None
-    prepared: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -305,20 +305,33 @@ def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, captu
     if ncap:
         ptr, offsets, order_t = tensors[:3]
         captures = CaptureTable(ptr, offsets, capture_slot.long()[order_t], entries)
-    host = HostStep(positions, None, None, None)
+    batch = PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot,
+                         HostStep(positions, None, None, None))
     if plan:
-        host.prepared[CHUNK_TABLES, chunk_size] = plan.on_device(*tensors[len(capture_tables):])
-    return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host)
+        batch.prepared[CHUNK_TABLES, chunk_size] = plan.on_device(*tensors[len(capture_tables):])
+    return batch
+
+
+def per_step(batch: PrefillBatch, key, build):
+    """What `build()` makes, once a step: built by the first layer that asks for it, kept on the
+    batch (PrefillBatch.prepared) and reused by the step's other layers (a layer's call is done
+    with it when it returns)."""
+    prepared = batch.prepared
+    if key not in prepared:
+        prepared[key] = build()
+    return prepared[key]
+
+
+def step_scratch(batch: PrefillBatch, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised tensor of the step, for one layer call at a time (per_step)."""
+    return per_step(batch, (name, tuple(shape), dtype, device), lambda: torch.empty(shape, dtype=dtype, device=device))
 
 
 def step_chunk_tables(batch: PrefillBatch, chunk_size: int):
     """The step's Mamba-2 chunk tables (ChunkTables) for chunk_size: sent in the batch's copy, or
     built by the first layer that asks and kept for the step's others."""
-    prepared = batch.host.prepared
-    if (CHUNK_TABLES, chunk_size) not in prepared:
-        prepared[CHUNK_TABLES, chunk_size] = make_chunk_tables(batch.seqs, batch.captures, chunk_size,
-                                                               batch.host.start_positions, batch.seqs.cu_seqlens.device)
-    return prepared[CHUNK_TABLES, chunk_size]
+    return per_step(batch, (CHUNK_TABLES, chunk_size), lambda: make_chunk_tables(
+        batch.seqs, batch.captures, chunk_size, batch.host.start_positions, batch.seqs.cu_seqlens.device))
 
 
 def host_indices(batch: PrefillBatch) -> HostStep:
@@ -327,14 +340,15 @@ def host_indices(batch: PrefillBatch) -> HostStep:
     host = batch.host
     if host.slots is not None:
         return host
-    if "host indices" not in host.prepared:
+
+    def read_back():
         cap = batch.captures
         slots, flags, cap_slots = _read_back(batch.state_indices, batch.has_initial, cap.row if cap.count else None)
         has_initial = [bool(f) for f in flags] if flags is not None else [True] * batch.seqs.count
         written = [(s, k, slot) for (s, k, _), slot in zip(cap.entries, cap_slots or [])
                    if slot != batch.skip_slot and slots[s] != batch.skip_slot]
-        host.prepared["host indices"] = HostStep(host.start_positions, slots, has_initial, written, host.prepared)
-    return host.prepared["host indices"]
+        return HostStep(host.start_positions, slots, has_initial, written)
+    return per_step(batch, "host indices", read_back)
 
 
 def _validate_prefill(bounds, slots, capture_seq, capture_offset, capture_slot, skip_slot, nslots):

@@ -28,7 +28,7 @@ from ..scan.algorithm import ALGORITHMS, ChunkedRules
 from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch
 from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton
 from ..scan.mamba2 import mamba2_problem
-from .batch import PrefillBatch, host_indices, step_chunk_tables
+from .batch import PrefillBatch, host_indices, per_step, step_chunk_tables, step_scratch
 
 
 @dataclass(frozen=True)
@@ -52,17 +52,8 @@ class ChunkedStep:
     live_tokens: torch.Tensor | None
 
 
-def _per_step(batch: PrefillBatch, key, build):
-    """What `build()` makes, once a step: built by the first layer that asks for it, kept on the
-    batch and reused by the step's other layers (a layer's call is done with it when it returns)."""
-    prepared = batch.host.prepared
-    if key not in prepared:
-        prepared[key] = build()
-    return prepared[key]
-
-
 def _step(batch: PrefillBatch) -> ChunkedStep:
-    return _per_step(batch, "step", lambda: _build_step(batch))
+    return per_step(batch, "step", lambda: _build_step(batch))
 
 
 def _build_step(batch: PrefillBatch) -> ChunkedStep:
@@ -97,22 +88,16 @@ def resolve(algorithm, batch: PrefillBatch, device, rules: ChunkedRules) -> str:
     return rules.resolve_algorithm(algorithm, device, batch.seqs)
 
 
-def _scratch(batch: PrefillBatch, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """A scratch tensor of the step (_per_step)."""
-    return _per_step(batch, (name, tuple(shape), dtype, device),
-                     lambda: torch.empty(shape, dtype=dtype, device=device))
-
-
 def _select(batch: PrefillBatch, name: str, source: torch.Tensor, dim: int, index: torch.Tensor,
             dtype: torch.dtype) -> torch.Tensor:
     """source.index_select(dim, index).to(dtype), into the step's scratch (the cast rounds to
     nearest even, as .to does)."""
     shape = list(source.shape)
     shape[dim] = index.numel()
-    picked = torch.index_select(source, dim, index, out=_scratch(batch, name, shape, source.dtype, source.device))
+    picked = torch.index_select(source, dim, index, out=step_scratch(batch, name, shape, source.dtype, source.device))
     if dtype == source.dtype:
         return picked
-    return _scratch(batch, name + " as " + str(dtype), shape, dtype, source.device).copy_(picked)
+    return step_scratch(batch, name + " as " + str(dtype), shape, dtype, source.device).copy_(picked)
 
 
 def _initial_states(batch: PrefillBatch, step: ChunkedStep, cache: torch.Tensor) -> torch.Tensor:
@@ -125,7 +110,7 @@ def _store_final(batch: PrefillBatch, step: ChunkedStep, cache, final) -> None:
 
 
 def _staged(batch: PrefillBatch, step: ChunkedStep, out: torch.Tensor) -> torch.Tensor:
-    return out if step.live_tokens is None else _scratch(batch, "y", out.shape, out.dtype, out.device)
+    return out if step.live_tokens is None else step_scratch(batch, "y", out.shape, out.dtype, out.device)
 
 
 def _unstage(batch: PrefillBatch, step: ChunkedStep, out, y, token_dim: int) -> None:
@@ -144,15 +129,15 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
         tables = step_chunk_tables(batch, chunk_size)
         problem = mamba2_problem(*inputs, ssm_state, batch.state_indices, batch.seqs, batch.captures, u(out),
                                  ssm_state, ssm_state, has_initial=batch.has_initial, skip_slot=batch.skip_slot)
-        workspace = _per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),
+        workspace = per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),
                               lambda: new_workspace(problem, tables))
         run_chunked_triton(problem, tables, workspace)
         return
     step = _step(batch)
     nheads, headdim, dstate = ssm_state.shape[1:]
-    tables = _per_step(batch, ("mamba2", chunk_size), lambda: make_chunk_tables(
+    tables = per_step(batch, ("mamba2", chunk_size), lambda: make_chunk_tables(
         step.seqs, step.captures, chunk_size, batch.host.start_positions, x.device))
-    final = _scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
+    final = step_scratch(batch, "final", (step.seqs.count, nheads, headdim, dstate), torch.float32, x.device)
     y = _staged(batch, step, out)
     run_chunked_torch(mamba2_problem(*inputs, _initial_states(batch, step, ssm_state), None, step.seqs,
                                      step.captures, u(y), final, ssm_state), tables)
@@ -169,12 +154,12 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     if backend == "triton":  # the kernel reads and writes the slots itself, as for Mamba-2
         problem = make_problem(out, **slot_fields)
         key = ("mamba1 workspace", chunk_size, out.shape, problem.B.dtype, problem.C.dtype, ssm_state.shape[1:])
-        mamba1_triton(problem, chunk_size, positions, _per_step(
+        mamba1_triton(problem, chunk_size, positions, per_step(
             batch, key, lambda: mamba1_workspace(problem, chunk_size, positions)))
         return
     step = _step(batch)
     dim, dstate = ssm_state.shape[1:]
-    final = _scratch(batch, "final", (step.seqs.count, dim, dstate), torch.float32, out.device)
+    final = step_scratch(batch, "final", (step.seqs.count, dim, dstate), torch.float32, out.device)
     y = _staged(batch, step, out)
     grouped = lambda t: t.unflatten(1, (ngroups, -1))
     problem = make_problem(y, state_in=grouped(_initial_states(batch, step, ssm_state)), state_index=None,

@@ -3,7 +3,7 @@
 Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache tensors
 by slot and writes the output into `out`; on Triton a step's later calls replay the launches of its
 first two (replay.py). By default (algorithm="recurrent") it allocates nothing but the Mamba-2
-scan's dt table (reused by the replays): the same kernels as mamba2_scan, mamba1_scan and causal_conv1d
+scan's dt table, once a step (PrefillBatch.prepared): the same kernels as mamba2_scan, mamba1_scan and causal_conv1d
 (the recurrent scan, so a sequence's outputs and states are bit-identical however the engine
 splits, batches or captures it), launched on views. The prefill scans also take algorithm="chunked"
 (the public scans' chunked algorithms, much faster on a GPU for long passes; exact at splits on the
@@ -28,8 +28,9 @@ from ..scan import mamba2_chunked
 from ..scan import dispatch, mamba1_chunked
 from ..scan.mamba2 import check_mamba2_args, mamba2_problem
 from ..scan.problem import ScanProblem, check_scan_sizes
+from ..scan.triton_kernel import dt_table_shape
 from . import chunked, replay
-from .batch import DecodeBatch, PrefillBatch
+from .batch import DecodeBatch, PrefillBatch, step_scratch
 
 F32 = (torch.float32,)
 ACTIVATIONS = (None, "silu", "swish")
@@ -138,8 +139,12 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
                                backend, chunk_size)
             return
         u = lambda t: None if t is None else t.unsqueeze(0)
-        dispatch.run(_mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
-                                     ssm_state, u(out), decode=False), backend)
+        problem = _mamba2_problem(batch, u(x), u(dt), A, u(B), u(C), D, u(z), dt_bias, dt_softplus, dt_limit,
+                                  ssm_state, u(out), decode=False)
+        # the Triton kernel's dt table: one a step, shared by its layers
+        table = step_scratch(batch, "dt table", dt_table_shape(problem), torch.float32, device) \
+            if backend == "triton" else None
+        dispatch.run(problem, backend, table)
     _launch(batch, backend, ("mamba2_prefill", algorithm, chunk_size, dt_softplus, dt_limit),
             (x, dt, A, B, C, D, z, dt_bias, ssm_state, out), call)
 

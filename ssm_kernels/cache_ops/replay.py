@@ -11,8 +11,7 @@ first call's (each argument the same, or the call's own tensor in the same place
 the second call allocated, shaped as the first call's), the step's later calls with that layout
 skip the op's host work (views, the problem, flags, strides, Triton's argument binding) and
 launch the second call's kernels with their own tensors in place. A tensor the second call
-allocated (the dt table of the recurrent Mamba-2 scan) is reused: the call was done with it
-when it returned.
+allocated is reused: the call was done with it when it returned.
 
 A recording is void where a tensor it passed a kernel is another view of a call's tensor (not
 at its address), or two of the call's tensors share an address. After three recordings without

@@ -14,9 +14,13 @@ from .torch_kernel import run_torch
 from .triton_kernel import run_triton
 
 
-def run(problem: ScanProblem, backend: str) -> None:
-    """Run a validated problem on a resolved backend ('triton' or 'torch')."""
-    (run_triton if backend == "triton" else run_torch)(problem)
+def run(problem: ScanProblem, backend: str, dt_table: torch.Tensor | None = None) -> None:
+    """Run a validated problem on a resolved backend ('triton' or 'torch'); dt_table: where the
+    Triton kernel's Mamba-2 table goes (triton_kernel.dt_table), else a new tensor."""
+    if backend == "triton":
+        run_triton(problem, dt_table)
+    else:
+        run_torch(problem)
 
 
 @dataclass(frozen=True)

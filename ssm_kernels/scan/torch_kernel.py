@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import cpu_loop
 from .problem import ScanProblem
 
 
@@ -44,10 +45,13 @@ def token_step(state, x, dt, B, C, z, A, D, dt_bias, p: ScanProblem):
 
 
 def run_torch(p: ScanProblem) -> None:
-    """Write p.y, p.state_out and p.captured, one sequence and one token at a time."""
+    """Write p.y, p.state_out and p.captured, one sequence and one token at a time (on CPU
+    tensors by the compiled loop of cpu_loop.py where it builds)."""
     nheads, headdim, dstate, ngroups = p.dims
     device = p.x.device
     group_of_head = torch.arange(nheads, device=device) // (nheads // ngroups)
+    lib = cpu_loop.library() if device.type == "cpu" else None
+    compiled = cpu_loop.CompiledPass(lib, p, group_of_head) if lib is not None else None
     A = p.A.float() if p.a_per_state else p.A[:, :, 0].float()
     D = p.D.float() if p.D is not None else None
     dt_bias = p.dt_bias.float() if p.dt_bias is not None else None
@@ -57,19 +61,30 @@ def run_torch(p: ScanProblem) -> None:
     captures, capture_rows = p.captures.entries, p.captures.host_rows()  # sorted by (sequence, offset)
     c = 0
     for s, (b, start, length) in enumerate(p.seqs.spans()):
+        first = c
+        while c < len(captures) and captures[c][0] == s:
+            c += 1
+        mine = [(captures[i][1], capture_rows[i]) for i in range(first, c)]  # (offset, row), by offset
         if p.skip_slot is not None and sources[s] == p.skip_slot:  # a skipped row: nothing read or written
-            while c < len(captures) and captures[c][0] == s:
-                c += 1
             continue
         if p.state_in is not None and starts[s]:
             state = p.state_in[sources[s]].float()
         else:
             state = torch.zeros(nheads, headdim, dstate, dtype=torch.float32, device=device)
+        if compiled is not None:
+            y, state, captured = compiled.run(b, start, length, state, [k for k, _ in mine])
+            p.y[b, start:start + length] = y
+            for (_, row), value in zip(mine, captured):
+                if p.skip_slot is None or row != p.skip_slot:
+                    p.captured[row].copy_(value)
+            p.state_out[targets[s]] = state  # rounded to the pool's dtype if it is a 16-bit one
+            continue
+        m = 0
         for k in range(length + 1):
-            while c < len(captures) and captures[c][:2] == (s, k):
-                if p.skip_slot is None or capture_rows[c] != p.skip_slot:
-                    p.captured[capture_rows[c]].copy_(state)
-                c += 1
+            while m < len(mine) and mine[m][0] == k:
+                if p.skip_slot is None or mine[m][1] != p.skip_slot:
+                    p.captured[mine[m][1]].copy_(state)
+                m += 1
             if k == length:
                 break
             t = start + k

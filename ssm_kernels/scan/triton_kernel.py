@@ -424,10 +424,17 @@ ROWS_PER_THREAD_NARROW = 2
 DT_TABLE_BLOCK_T = 32
 
 
-def dt_table(p: ScanProblem) -> torch.Tensor:
-    """The (batch, seqlen, nheads, 2) fp32 table of dt' and exp(dt' A) of a Mamba-2 pass."""
+def dt_table_shape(p: ScanProblem) -> tuple[int, int, int, int]:
     batch, seqlen, nheads, _ = p.x.shape
-    table = torch.empty(batch, seqlen, nheads, 2, dtype=torch.float32, device=p.x.device)
+    return batch, seqlen, nheads, 2
+
+
+def dt_table(p: ScanProblem, table: torch.Tensor | None = None) -> torch.Tensor:
+    """The (batch, seqlen, nheads, 2) fp32 table of dt' and exp(dt' A) of a Mamba-2 pass, written
+    into `table` (a contiguous tensor of that shape, e.g. an engine step's scratch) or a new one."""
+    batch, seqlen, nheads, _ = p.x.shape
+    if table is None:
+        table = torch.empty(dt_table_shape(p), dtype=torch.float32, device=p.x.device)
     if table.numel() == 0:
         return table
     dt, bias = p.dt[..., 0], None if p.dt_bias is None else p.dt_bias[:, 0]
@@ -462,11 +469,12 @@ def _token_offsets_fit_32_bits(p: ScanProblem) -> bool:
     return seqlen * max(abs(s) for s in strides) < 2 ** 31
 
 
-def run_triton(p: ScanProblem) -> None:
+def run_triton(p: ScanProblem, table: torch.Tensor | None = None) -> None:
     """Launch the kernel over (sequence, head, row block); writes p.y, p.state_out, p.captured.
 
-    Mamba-2 passes read dt' and exp(dt' A) from a table filled first; a pass of one token per
-    sequence (a decode step) computes them in the kernel instead, with the same code."""
+    Mamba-2 passes read dt' and exp(dt' A) from a table filled first (in `table` where given,
+    see dt_table); a pass of one token per sequence (a decode step) computes them in the kernel
+    instead, with the same code."""
     nseq = p.seqs.count
     if nseq == 0:
         return
@@ -475,7 +483,7 @@ def run_triton(p: ScanProblem) -> None:
     block_p = r * pl
     pairs = _reads_pairs(p.B, p.C)
     use_table = not p.a_per_state and p.x.shape[1] > 1
-    table = dt_table(p) if use_table else None
+    table = dt_table(p, table) if use_table else None
     grid = (nseq, nheads, triton.cdiv(headdim, block_p))
     cap = p.captures
     out = p.state_out
