@@ -1,10 +1,10 @@
 """The recurrent scan's token loop compiled for the CPU (cpu_loop.c), built on first use.
 
 The PyTorch loop (torch_kernel.py) runs a dozen torch ops a token; this runs the same recurrence
-in C, a sequence a call, 20-30x faster. It is built with the machine's C compiler (`CC`, else
-`cc`) for the machine's own CPU into a cache folder (`SSM_KERNELS_CACHE`, else
-~/.cache/ssm_kernels), once per source, compiler and CPU. Where no compiler builds it, the
-recurrent scan on CPU tensors runs the PyTorch loop, with one warning.
+in C, a sequence a call (5-13x faster a layer call: docs/recurrent.md). It is built with the
+machine's C compiler (`CC`, else `cc`) for the machine's own CPU into a cache folder
+(`SSM_KERNELS_CACHE`, else ~/.cache/ssm_kernels), once per source, compiler and CPU. Where no
+compiler builds it, the recurrent scan on CPU tensors runs the PyTorch loop, with one warning.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class CompiledPass:
             self.dt, self.dt_bias = _f32(p.dt), _f32(p.dt_bias)
             self.A = _f32(p.A.transpose(1, 2)) if p.a_per_state else _f32(p.A[:, :, 0])
         self.x, self.z, self.D = _f32(p.x), _f32(p.z), _f32(p.D)
-        self.B, self.C = _f32(p.B[:, :, group_of_head]), _f32(p.C[:, :, group_of_head])
+        self.B, self.C = (t.index_select(2, group_of_head).float() for t in (p.B, p.C))  # new, contiguous
         self.y = torch.empty(p.x.shape, dtype=torch.float32)
 
     def run(self, b: int, start: int, length: int, state: torch.Tensor, capture_offsets: list[int]):
