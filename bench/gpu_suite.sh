@@ -8,7 +8,8 @@
 #      TESTS_S seconds (default 200); logs/tests-<k>.log (pytest -v, so a cut shard still names each
 #      test it finished);
 #   3. python -m bench.accuracy (every mamba2_scan path against float64), then python -m bench.host
-#      --device cuda (the engine ops' host time per layer call, replays included);
+#      --device cuda (the engine ops' host time per layer call, replays included), then
+#      python -m bench.chain (a state handed from program to program inside a kernel: us a hop);
 #   4. the headline: python -m bench.scan --seqlens 8192 32768 --no-varlen (and --sections): recurrent and chunked
 #      passes at batch 1 with the peers at the three Mamba-2 shapes and Mamba-1 (call, kernel and
 #      host time per call), 8 captures spread and 8 at chunk starts, the grid split, the crossover,
@@ -121,6 +122,9 @@ step accuracy accuracy.log 300 "$PY" -m bench.accuracy
 HOST_DEVICE=cpu
 case "$KIND" in gpu*) HOST_DEVICE=cuda ;; esac
 step host host.log 120 "$PY" -m bench.host --device "$HOST_DEVICE" --repeats 3 --out "$OUT/host"
+# The cost of handing a state from program to program inside a kernel (what a one-pass chunked
+# scan's chain of chunks pays a hop); reduced: the interpreter checks the values only.
+step chain chain.log 60 "$PY" -m bench.chain $REDUCED_FLAG --out "$OUT/chain"
 
 # 4. The headline rows, then 5. serve in what is left.
 limit=$(( $(left) - SERVE_S - 10 ))

@@ -79,6 +79,10 @@ def main(argv=None) -> int:
     status = 0
     steps = steps_table(args.folder)
     parts = [steps] if steps else []
+    chain = _load(args.folder / "chain" / "chain.json")
+    if chain and chain.get("hop_us") is not None:
+        parts.append(f"== bench.chain: {chain['hop_us']:.2f} us a state hand-off between programs "
+                     f"({chain['environment']['device']})")
     for name, data, table in (("scan", scan, scan_short_table), ("serve", serve, serve_short_table)):
         if data is None:
             parts.append(f"== bench.{name}: no results ({args.folder / (name + '.json')} missing or unreadable)")

@@ -45,8 +45,8 @@ def test_dry_run_succeeds_and_prints_the_short_tables_last(dry_run):
 def test_dry_run_writes_every_file(dry_run):
     out, _ = dry_run
     for name in ("scan.json", "scan.md", "serve.json", "serve.md", "logs/steps.tsv", "logs/env.log",
-                 "logs/tests.txt", "logs/accuracy.log", "logs/host.log", "host/host.md", "logs/scan.log",
-                 "logs/serve.log"):
+                 "logs/tests.txt", "logs/accuracy.log", "logs/host.log", "host/host.md", "logs/chain.log",
+                 "chain/chain.md", "logs/scan.log", "logs/serve.log"):
         assert (out / name).stat().st_size > 0, name
     pngs = ("scan_throughput.png", "scan_decode.png", "serve_policies.png", "serve_measured.png")
     if HAS_MATPLOTLIB:

@@ -1,0 +1,154 @@
+"""What handing a state from one program to the next costs on the GPU: python -m bench.chain
+
+A one-pass (fused) chunked scan passes each chunk's end state to the next chunk's program inside
+the kernel: the program stores its state tile, then raises a flag; the next one waits on the flag,
+then loads the tile. The chain of those hand-offs is serial, so its latency per hop decides whether
+such a pass can beat the five-kernel pipeline (docs/chunked.md, "Designs tried and left"); the
+static model cannot measure it. Here, per chain length L, one launch runs `--chains` independent
+chains (a chain a head) of L programs each; a program takes a ticket (an atomic counter, so that a
+program only ever waits on one that took an earlier ticket and is running or done), waits for its
+predecessor's flag (an acquiring atomic read), loads its fp32 state tile (64 x 128 by default, a
+Mamba-2 head's headdim x dstate), updates it (state * decay + 1), stores it, and raises its own
+flag (a releasing atomic exchange after a barrier). The kernel time over L fits a line whose slope
+is the cost of one hop.
+
+On a GPU: CUDA-event kernel time (median of --repeats) per L, the fitted hop in microseconds, and
+the chain's values checked against the recurrence. Without one (--reduced, forced): the Triton
+interpreter runs short chains and checks the values only; no time is reported. Results: chain.json
+and chain.md in --out (default bench/results/<date>-gpu-chain, or -cpu-reduced-chain).
+"""
+from __future__ import annotations
+
+from . import use_triton_interpreter
+
+use_triton_interpreter(None)  # the interpreter only without a GPU; before triton is imported
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import statistics  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .common import RESULTS_DIR, git_commit, markdown_table, write_json  # noqa: E402
+
+DECAY = 0.5
+
+
+@triton.jit
+def _chain_kernel(states, flags, ticket, nchains, length, decay, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    t = tl.atomic_add(ticket, 1)
+    link, chain = t // nchains, t % nchains
+    offs = tl.arange(0, BLOCK_P)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    here = chain * length + link
+    state = tl.full((BLOCK_P, BLOCK_N), 1.0, tl.float32)
+    if link > 0:
+        while tl.atomic_add(flags + here - 1, 0, sem="acquire") == 0:
+            pass
+        state = tl.load(states + (here - 1) * (BLOCK_P * BLOCK_N) + offs) * decay + 1.0
+    tl.store(states + here * (BLOCK_P * BLOCK_N) + offs, state)
+    tl.debug_barrier()  # every thread's part of the tile stored before the flag goes up
+    tl.atomic_xchg(flags + here, 1, sem="release")
+
+
+def run_chains(nchains: int, length: int, block_p: int, block_n: int, device) -> torch.Tensor:
+    """One launch: (nchains, length) programs; the states (nchains, length, block_p, block_n)."""
+    states = torch.empty(nchains, length, block_p, block_n, device=device)
+    flags = torch.zeros(nchains * length, dtype=torch.int32, device=device)
+    ticket = torch.zeros(1, dtype=torch.int32, device=device)
+    _chain_kernel[(nchains * length,)](states, flags, ticket, nchains, length, DECAY, BLOCK_P=block_p,
+                                      BLOCK_N=block_n, num_warps=4)
+    return states
+
+
+def expected(length: int) -> list[float]:
+    """The value every element of link k holds: s_0 = 1, s_k = s_{k-1} * DECAY + 1 (exact in fp32)."""
+    values = [1.0]
+    for _ in range(length - 1):
+        values.append(values[-1] * DECAY + 1.0)
+    return values
+
+
+def check(states: torch.Tensor) -> None:
+    want = torch.tensor(expected(states.shape[1]), device=states.device)[None, :, None, None].expand_as(states)
+    if not torch.equal(states, want):
+        bad = (states != want).nonzero()[:5].tolist()
+        raise AssertionError(f"a chain's states differ from the recurrence at (chain, link, row, col) {bad}")
+
+
+def time_chain(nchains: int, length: int, block_p: int, block_n: int, repeats: int) -> float:
+    """Median kernel time of one launch in ms (CUDA events; the buffers made outside the timing)."""
+    times = []
+    for _ in range(repeats + 1):  # the first compiles
+        states = torch.empty(nchains, length, block_p, block_n, device="cuda")
+        flags = torch.zeros(nchains * length, dtype=torch.int32, device="cuda")
+        ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        _chain_kernel[(nchains * length,)](states, flags, ticket, nchains, length, DECAY, BLOCK_P=block_p,
+                                          BLOCK_N=block_n, num_warps=4)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        check(states)
+    return statistics.median(times[1:])
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares line through (length, ms): (ms per hop, ms at length 0)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return slope, my - slope * mx
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chains", type=int, default=80, help="chains a launch (default 80, Mamba-2 2.7B's heads)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--tile", type=int, nargs=2, default=[64, 128], metavar=("ROWS", "COLS"),
+                        help="the state tile a program hands on, fp32 (default 64 128)")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--reduced", action="store_true", help="check the values only (forced without a GPU)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    reduced = args.reduced or not torch.cuda.is_available()
+    block_p, block_n = args.tile
+    env = {"device": torch.cuda.get_device_name() if not reduced else "cpu (Triton interpreter)",
+           "torch": torch.__version__, "triton": triton.__version__,
+           "commit": git_commit().get("commit", "unknown")[:12], "date": datetime.date.today().isoformat(),
+           "chains": args.chains, "tile": [block_p, block_n], "reduced": reduced}
+    rows = []
+    if reduced:  # the interpreter: short chains, values only
+        for length in (1, 3):
+            check(run_chains(2, length, 4, 8, "cpu"))
+            rows.append({"length": length, "ms": None})
+    else:
+        for length in args.lengths:
+            rows.append({"length": length, "ms": time_chain(args.chains, length, block_p, block_n, args.repeats)})
+    hop = fit([(r["length"], r["ms"]) for r in rows]) if not reduced and len(rows) > 1 else None
+    out = args.out or RESULTS_DIR / f"{env['date']}-{'cpu-reduced' if reduced else 'gpu'}-chain"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "chain.json", {"environment": env, "rows": rows,
+                                    "hop_us": hop[0] * 1e3 if hop else None, "base_us": hop[1] * 1e3 if hop else None})
+    lines = [f"# State hand-off along a chain of programs ({env['device']}; triton {env['triton']}; "
+             f"commit {env['commit']}; {env['date']})", ""]
+    if reduced:
+        lines.append("Reduced (Triton interpreter): 2 chains of 1 and of 3 programs, a 4 x 8 tile, their values "
+                     "checked against the recurrence; no times.")
+    else:
+        lines += [f"{args.chains} chains a launch, an fp32 {block_p} x {block_n} tile a hop; every chain's values "
+                  "checked against the recurrence.", "",
+                  markdown_table(["chain length", "kernel ms"], [[r["length"], f"{r['ms']:.4f}"] for r in rows]), "",
+                  f"Fitted: {hop[0] * 1e3:.2f} us a hop, {hop[1] * 1e3:.1f} us at length 0."]
+    text = "\n".join(lines) + "\n"
+    (out / "chain.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
