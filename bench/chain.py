@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .common import RESULTS_DIR, git_commit, markdown_table, write_json  # noqa: E402
+from .common import RESULTS_DIR, git_commit, markdown_table, save_results  # noqa: E402
 
 DECAY = 0.5
 
@@ -130,10 +130,6 @@ def main(argv=None) -> int:
         for length in args.lengths:
             rows.append({"length": length, "ms": time_chain(args.chains, length, block_p, block_n, args.repeats)})
     hop = fit([(r["length"], r["ms"]) for r in rows]) if not reduced and len(rows) > 1 else None
-    out = args.out or RESULTS_DIR / f"{env['date']}-{'cpu-reduced' if reduced else 'gpu'}-chain"
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "chain.json", {"environment": env, "rows": rows,
-                                    "hop_us": hop[0] * 1e3 if hop else None, "base_us": hop[1] * 1e3 if hop else None})
     lines = [f"# State hand-off along a chain of programs ({env['device']}; triton {env['triton']}; "
              f"commit {env['commit']}; {env['date']})", ""]
     if reduced:
@@ -144,9 +140,9 @@ def main(argv=None) -> int:
                   "checked against the recurrence.", "",
                   markdown_table(["chain length", "kernel ms"], [[r["length"], f"{r['ms']:.4f}"] for r in rows]), "",
                   f"Fitted: {hop[0] * 1e3:.2f} us a hop, {hop[1] * 1e3:.1f} us at length 0."]
-    text = "\n".join(lines) + "\n"
-    (out / "chain.md").write_text(text)
-    print(text)
+    out = args.out or RESULTS_DIR / f"{env['date']}-{'cpu-reduced' if reduced else 'gpu'}-chain"
+    save_results(out, "chain", {"environment": env, "rows": rows, "hop_us": hop[0] * 1e3 if hop else None,
+                                "base_us": hop[1] * 1e3 if hop else None}, "\n".join(lines) + "\n")
     return 0
 
 

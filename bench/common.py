@@ -284,6 +284,14 @@ def write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+def save_results(out: Path, name: str, data: dict, text: str) -> None:
+    """A benchmark's results in `out` (made if need be): name.json (data), name.md (text, also printed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{name}.json", data)
+    (out / f"{name}.md").write_text(text)
+    print(text)
+
+
 def fmt(value, digits: int = 3) -> str:
     """A figure for a table: 3 significant digits, '-' for missing."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

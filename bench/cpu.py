@@ -23,7 +23,7 @@ import torch
 from ssm_kernels import cache_ops
 from ssm_kernels.scan import cpu_loop
 
-from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, write_json
+from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results
 
 TOKENS, CHUNK = 256, 64
 # bench.vllm's tiny models: GraniteMoeHybrid's Mamba-2 layer (8 heads of 32, dstate 32, one group),
@@ -133,11 +133,7 @@ def main(argv=None) -> int:
     env = {"cpu": cpu_name(), "commit": git_commit().get("commit", "unknown")[:12], "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "rounds": args.rounds}
     out = args.out or RESULTS_DIR / f"{env['date']}-cpu"
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "cpu.json", {"environment": env, "rows": rows})
-    table = markdown(rows, env)
-    (out / "cpu.md").write_text(table)
-    print(table)
+    save_results(out, "cpu", {"environment": env, "rows": rows}, markdown(rows, env))
     return 0
 
 

@@ -50,7 +50,7 @@ from triton_static.launches import TARGET, recording  # noqa: E402
 from ssm_kernels import cache_ops  # noqa: E402
 from ssm_kernels.cache_ops import replay  # noqa: E402
 
-from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, write_json  # noqa: E402
+from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results  # noqa: E402
 from .static_workloads import triton_path_on_cpu  # noqa: E402
 
 # A small Mamba-2 / Mamba-1 layer: the host work does not depend on the sizes.
@@ -284,11 +284,7 @@ def main(argv=None) -> int:
            "commit": git_commit().get("commit", "unknown")[:12], "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "layers": args.layers, "repeats": args.repeats}
     out = args.out or RESULTS_DIR / f"{env['date']}-host"
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "host.json", {"environment": env, "rows": rows})
-    table = markdown(rows, env)
-    (out / "host.md").write_text(table)
-    print(table)
+    save_results(out, "host", {"environment": env, "rows": rows}, markdown(rows, env))
     return 0
 
 
