@@ -10,7 +10,8 @@ register-tile mistakes show up without a GPU, on the binaries a GPU would run. O
 unwritten.
 
 Each variant's registers and spills are read from `ptxas -v` (the ptxas and flags Triton uses;
-triton_static.sass), and its registers also from the cubin. A variant that spills more than
+triton_static.sass), its registers also from the cubin, and the MMA form its SASS uses (wgmma,
+mma.sync or none) from the cubin. A variant that spills more than
 SPILL_LIMIT_BYTES per thread to local memory fails the run: a few bytes are register-allocation
 noise, while a tile that does not fit in registers spills hundreds to thousands (64 x 64 conv
 tiles spilled 3 KB, fp32 64 x 64 x 128 chunk-output tiles 11 KB).
@@ -93,8 +94,8 @@ def main() -> int:
         seen.add(id(kernel))
         code = sass.read(kernel)
         flags = ", ".join(f"{k}={v}" for k, v in sorted(launch.constexprs.items()))
-        line = (f"{launch.kernel}: {code.ptxas_registers} registers, {code.spill_stores} B spilled  "
-                f"({flags}, num_warps={launch.num_warps}, num_stages={launch.num_stages})")
+        line = (f"{launch.kernel}: {code.ptxas_registers} registers, {code.spill_stores} B spilled, "
+                f"MMA {code.mma_form}  ({flags}, num_warps={launch.num_warps}, num_stages={launch.num_stages})")
         spilled = max(code.spill_stores, code.spill_loads) > SPILL_LIMIT_BYTES
         if spilled:
             spills.append(line)
