@@ -94,6 +94,16 @@ def test_without_a_compiler_the_pytorch_loop_runs_after_one_warning(monkeypatch,
         cpu_loop.library.cache_clear()
 
 
+def test_a_compiler_command_with_arguments_builds(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "env cc")  # as CC="ccache gcc" would be
+    monkeypatch.setenv("SSM_KERNELS_CACHE", str(tmp_path))
+    cpu_loop.library.cache_clear()
+    try:
+        assert cpu_loop.library() is not None
+    finally:
+        cpu_loop.library.cache_clear()
+
+
 def test_a_build_is_kept_and_reused(monkeypatch, tmp_path):
     monkeypatch.setenv("SSM_KERNELS_CACHE", str(tmp_path))
     first = cpu_loop._build("cc")

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import warnings
@@ -41,8 +42,10 @@ def _cache_dir() -> Path:
 
 
 def _build(compiler: str) -> Path:
-    """The shared library for this source, compiler and CPU, compiled unless cached."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    """The shared library for this source, compiler (a command, e.g. "ccache gcc") and CPU,
+    compiled unless cached."""
+    command = shlex.split(compiler)
+    version = subprocess.run([*command, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, *FLAGS, *LIBS, _cpu_identity()]).encode())
     folder = _cache_dir()
     path = folder / f"cpu_loop-{key.hexdigest()[:16]}.so"
@@ -50,7 +53,7 @@ def _build(compiler: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, then moved in whole
             built = Path(tmp) / path.name
-            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), *LIBS], capture_output=True, text=True,
+            subprocess.run([*command, *FLAGS, str(SOURCE), "-o", str(built), *LIBS], capture_output=True, text=True,
                            check=True)
             os.replace(built, path)
     return path
@@ -59,10 +62,10 @@ def _build(compiler: str) -> Path:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled loop, or None (warned once) where it cannot be built or loaded."""
-    compiler = os.environ.get("CC", "cc")
+    compiler = os.environ.get("CC") or "cc"
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as e:
+    except (OSError, ValueError, subprocess.CalledProcessError) as e:  # ValueError: CC that shlex cannot split
         detail = e.stderr.strip()[-500:] if isinstance(e, subprocess.CalledProcessError) else str(e)
         warnings.warn(f"ssm_kernels: the compiled CPU scan loop could not be built with {compiler!r} ({detail}); "
                       "the recurrent scan on CPU runs its PyTorch loop, many times slower", RuntimeWarning)
