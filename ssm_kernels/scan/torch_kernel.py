@@ -64,7 +64,9 @@ def run_torch(p: ScanProblem) -> None:
         first = c
         while c < len(captures) and captures[c][0] == s:
             c += 1
-        mine = [(captures[i][1], capture_rows[i]) for i in range(first, c)]  # (offset, row), by offset
+        # (offset, row) of the sequence's captures that are written, by offset
+        mine = [(captures[i][1], capture_rows[i]) for i in range(first, c)
+                if p.skip_slot is None or capture_rows[i] != p.skip_slot]
         if p.skip_slot is not None and sources[s] == p.skip_slot:  # a skipped row: nothing read or written
             continue
         if p.state_in is not None and starts[s]:
@@ -75,15 +77,13 @@ def run_torch(p: ScanProblem) -> None:
             y, state, captured = compiled.run(b, start, length, state, [k for k, _ in mine])
             p.y[b, start:start + length] = y
             for (_, row), value in zip(mine, captured):
-                if p.skip_slot is None or row != p.skip_slot:
-                    p.captured[row].copy_(value)
+                p.captured[row].copy_(value)
             p.state_out[targets[s]] = state  # rounded to the pool's dtype if it is a 16-bit one
             continue
         m = 0
         for k in range(length + 1):
             while m < len(mine) and mine[m][0] == k:
-                if p.skip_slot is None or mine[m][1] != p.skip_slot:
-                    p.captured[mine[m][1]].copy_(state)
+                p.captured[mine[m][1]].copy_(state)
                 m += 1
             if k == length:
                 break
