@@ -95,9 +95,13 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr):
 
 @triton.jit
 def _chunk_span(chunks_ptr, i_c):
-    """Row i_c of ChunkTables.chunks: ChunkRow's first fields in order (batch row, first token, length)."""
-    p = chunks_ptr + i_c * CHUNK_COLUMNS
-    return tl.load(p), tl.load(p + 1), tl.load(p + 2)
+    """Row i_c of ChunkTables.chunks: ChunkRow's first fields in order (batch row, first token,
+    length), in one request, which a program waits on once (three loads were issued one after the
+    other's wait)."""
+    o = tl.arange(0, 4)
+    fields = tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + o)
+    return tl.sum(tl.where(o == 0, fields, 0)), tl.sum(tl.where(o == 1, fields, 0)), \
+        tl.sum(tl.where(o == 2, fields, 0))
 
 
 @triton.jit
@@ -338,20 +342,25 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
     _, _, live, _, n_tok = row_slots(tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 3), n_tok, slot_in_ptr, slot_in_ptr,
                                      slot_in_ptr, skip_slot, HAS_SLOT_IN, False, False, HAS_SKIP)
     m0 = i_m * BLOCK_M
+    o_m = m0 + tl.arange(0, BLOCK_M)  # output tokens (rows); source blocks have the same size
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_p = o_p < headdim
+    # What does not depend on the chunk's span is requested with it, before the branch the span
+    # decides, so that the program waits on global memory once for both: its rows' log decays
+    # (scratch rows hold CHUNK entries, dt' = 0 past the chunk's end: no masks needed) and D.
+    p_dt = dt_ptr + (i_c * nheads + i_h) * CHUNK
+    p_cs = cs_ptr + (i_c * nheads + i_h) * CHUNK
+    b_cs_m = tl.load(p_cs + o_m)  # [BM]
+    b_ref = tl.where(m0 > 0, tl.load(p_cs + tl.maximum(m0 - 1, 0)), 0.0)  # cs before the row block
+    if HAS_D:
+        b_D = tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)
     if m0 < n_tok:
-        o_m = m0 + tl.arange(0, BLOCK_M)  # output tokens (rows); source blocks have the same size
         o_j = tl.arange(0, BLOCK_M)
-        o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
         o_d = tl.arange(0, BLOCK_D)
         m_m = o_m < n_tok
-        m_p = o_p < headdim
-        # Scratch rows hold CHUNK entries (dt' = 0 past the chunk's end): no masks needed.
-        p_dt = dt_ptr + (i_c * nheads + i_h) * CHUNK
-        p_cs = cs_ptr + (i_c * nheads + i_h) * CHUNK
+        m_mp = m_m[:, None] & m_p[None, :]
         p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h + o_p[None, :] * s_x_p
         p_cb = cb_ptr + (i_c * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK
-        b_cs_m = tl.load(p_cs + o_m)  # [BM]
-        b_ref = tl.where(m0 > 0, tl.load(p_cs + tl.maximum(m0 - 1, 0)), 0.0)  # cs before the row block
 
         # Inter-chunk term: the chunk-start state read out by C, decayed to the token before the rows.
         p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
@@ -379,15 +388,13 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
         causal = o_m[:, None] >= o_m[None, :]
         b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \
             * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
-        m_mp = m_m[:, None] & m_p[None, :]
         b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
         bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
         acc += _dot(b_w, tl.where(bad, 0.0, b_x), DOT_DTYPE)
         first_bad = tl.min(tl.where(bad, o_m[:, None], CHUNK), axis=0)  # [BP]
         acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)
         if HAS_D:
-            acc += tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)[None, :] \
-                * b_x.to(tl.float32)
+            acc += b_D[None, :] * b_x.to(tl.float32)
         if HAS_Z:
             b_z = tl.load(z_ptr + i_b * s_z_b + (t0 + o_m)[:, None] * s_z_t + i_h * s_z_h + o_p[None, :] * s_z_p,
                           mask=m_mp, other=0.0).to(tl.float32)
@@ -419,7 +426,7 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_N=min(block_n, 128 if wide else 64),  # dstate block of chunk states and captures
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
-        PASS_BLOCK=1024,  # flat state elements per state-passing program
+        PASS_BLOCK=2048,  # flat state elements per state-passing program (128 heads of 64 x 128 states: one wave, modelled)
         num_warps=4, num_stages=3 if wide else 2,
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
