@@ -96,12 +96,12 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr):
 @triton.jit
 def _chunk_span(chunks_ptr, i_c):
     """Row i_c of ChunkTables.chunks: ChunkRow's first fields in order (batch row, first token,
-    length), in one request, which a program waits on once (three loads were issued one after the
-    other's wait)."""
+    length, sequence), in one request, which a program waits on once (separate loads were issued
+    one after the other's wait)."""
     o = tl.arange(0, 4)
     fields = tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + o)
     return tl.sum(tl.where(o == 0, fields, 0)), tl.sum(tl.where(o == 1, fields, 0)), \
-        tl.sum(tl.where(o == 2, fields, 0))
+        tl.sum(tl.where(o == 2, fields, 0)), tl.sum(tl.where(o == 3, fields, 0))
 
 
 @triton.jit
@@ -154,7 +154,7 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
                       HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
-    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
+    i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
     o_t = tl.arange(0, CHUNK)
     m_t = o_t < n_tok
     b_dt = tl.load(dt_ptr + i_b * s_dt_b + (t0 + o_t) * s_dt_t + i_h * s_dt_h, mask=m_t, other=0.0).to(tl.float32)
@@ -190,7 +190,7 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
     i_m = tl.program_id(1)
     i_k = tl.program_id(2)
     if i_k <= i_m:  # blocks above the diagonal are never read
-        i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
+        i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         o_k = i_k * BLOCK_M + tl.arange(0, BLOCK_M)
         o_d = tl.arange(0, BLOCK_D)
@@ -225,7 +225,7 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
         n_tok = _chunk_length(chunks_ptr, i_c)
     else:  # the contribution of the inner capture's first j tokens of its chunk
         i_c, n_tok = _inner_capture(inner_ptr, i_row - nchunks)
-    i_b, t0, _ = _chunk_span(chunks_ptr, i_c)
+    i_b, t0, _, _ = _chunk_span(chunks_ptr, i_c)
     o_scr = (i_c * nheads + i_h) * CHUNK
     p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
     p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g
@@ -337,10 +337,11 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
     i_m = tl.program_id(2) // n_pblocks
     i_p = tl.program_id(2) % n_pblocks
     i_g = i_h // heads_per_group
-    i_b, t0, n_tok = _chunk_span(chunks_ptr, i_c)
-    # A skipped row (an engine's padding) writes no y.
-    _, _, live, _, n_tok = row_slots(tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 3), n_tok, slot_in_ptr, slot_in_ptr,
-                                     slot_in_ptr, skip_slot, HAS_SLOT_IN, False, False, HAS_SKIP)
+    i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
+    # A skipped row (an engine's padding) writes no y: its store is masked, so that no wait on its
+    # slot comes before the program's other loads.
+    _, _, live, _, _ = row_slots(i_s, n_tok, slot_in_ptr, slot_in_ptr, slot_in_ptr, skip_slot, HAS_SLOT_IN, False,
+                                 False, HAS_SKIP)
     m0 = i_m * BLOCK_M
     o_m = m0 + tl.arange(0, BLOCK_M)  # output tokens (rows); source blocks have the same size
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -400,7 +401,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                           mask=m_mp, other=0.0).to(tl.float32)
             acc = acc * b_z * tl.sigmoid(b_z)
         p_y = y_ptr + i_b * s_y_b + (t0 + o_m)[:, None] * s_y_t + i_h * s_y_h + o_p[None, :] * s_y_p
-        tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=m_mp)
+        tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=tl.where(live, m_mp, False))
 
 
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
@@ -426,7 +427,7 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_N=min(block_n, 128 if wide else 64),  # dstate block of chunk states and captures
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
-        PASS_BLOCK=2048,  # flat state elements per state-passing program (128 heads of 64 x 128 states: one wave, modelled)
+        PASS_BLOCK=2048,  # state elements per state-passing program (128 heads of 64 x 128: one wave, modelled)
         num_warps=4, num_stages=3 if wide else 2,
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
