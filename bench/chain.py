@@ -53,14 +53,26 @@ def _chain_kernel(states, flags, ticket, nchains, length, decay, BLOCK_P: tl.con
     tl.atomic_xchg(flags + here, 1, sem="release")
 
 
-def run_chains(nchains: int, length: int, block_p: int, block_n: int, device) -> torch.Tensor:
-    """One launch: (nchains, length) programs; the states (nchains, length, block_p, block_n)."""
-    states = torch.empty(nchains, length, block_p, block_n, device=device)
-    flags = torch.zeros(nchains * length, dtype=torch.int32, device=device)
-    ticket = torch.zeros(1, dtype=torch.int32, device=device)
+def _buffers(nchains: int, length: int, block_p: int, block_n: int, device) -> tuple[torch.Tensor, ...]:
+    """A launch's states (nchains, length, block_p, block_n), flags and ticket counter (both zero)."""
+    return (torch.empty(nchains, length, block_p, block_n, device=device),
+            torch.zeros(nchains * length, dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
+
+
+def _launch(buffers: tuple[torch.Tensor, ...]) -> None:
+    """One launch: a program per (chain, link) of the states buffer."""
+    states, flags, ticket = buffers
+    nchains, length, block_p, block_n = states.shape
     _chain_kernel[(nchains * length,)](states, flags, ticket, nchains, length, DECAY, BLOCK_P=block_p,
                                       BLOCK_N=block_n, num_warps=4)
-    return states
+
+
+def run_chains(nchains: int, length: int, block_p: int, block_n: int, device) -> torch.Tensor:
+    """One launch: (nchains, length) programs; the states (nchains, length, block_p, block_n)."""
+    buffers = _buffers(nchains, length, block_p, block_n, device)
+    _launch(buffers)
+    return buffers[0]
 
 
 def expected(length: int) -> list[float]:
@@ -82,17 +94,14 @@ def time_chain(nchains: int, length: int, block_p: int, block_n: int, repeats: i
     """Median kernel time of one launch in ms (CUDA events; the buffers made outside the timing)."""
     times = []
     for _ in range(repeats + 1):  # the first compiles
-        states = torch.empty(nchains, length, block_p, block_n, device="cuda")
-        flags = torch.zeros(nchains * length, dtype=torch.int32, device="cuda")
-        ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
+        buffers = _buffers(nchains, length, block_p, block_n, "cuda")
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        _chain_kernel[(nchains * length,)](states, flags, ticket, nchains, length, DECAY, BLOCK_P=block_p,
-                                          BLOCK_N=block_n, num_warps=4)
+        _launch(buffers)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-        check(states)
+        check(buffers[0])
     return statistics.median(times[1:])
 
 
