@@ -94,11 +94,13 @@ def run_stage(stage, case, dtype, device, *inputs):
     run = make_pass(case, dtype, device)
     ws = tk.new_workspace(run.p, run.tables)
     for f in fields(ws):
-        if f.name != "cfg":
+        if f.name not in ("cfg", "counters", "flags"):  # the scratch; the fused pass's counters are ints
             getattr(ws, f.name).fill_(float("nan"))
     for name in inputs:
         value = getattr(run.want, name)
         getattr(ws, name).copy_(value * LOG2E if name == "cs" else value)
+    if ws.fused:
+        ws.counters[0] = 1  # the generation stage 1 opens
     stage(run.p, run.tables, ws)
     return run, ws
 
@@ -145,6 +147,28 @@ def test_stage4_state_passing(case, dtype, device):
 def test_stage5_chunk_output(case, dtype, device):
     run, _ = run_stage(tk.stage5_chunk_output, case, dtype, device, "dt", "cs", "cb", "start")
     assert_rel_close(run.p.y, run.want.y, run.mm_tol, "y")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_stages_3_to_5_fused(case, dtype, device):
+    """The fused pass (stages 3 to 5 in one launch) writes what the three stages write, and every
+    one of its programs took its ticket and raised its flags to the pass's generation."""
+    with tk.fused_pass():
+        run, ws = run_stage(tk.stage3to5_fused, case, dtype, device, "dt", "cs", "decay", "cb")
+    want = run.want
+    assert_rel_close(ws.start, want.start, run.mm_tol, "chunk-start states")
+    assert_rel_close(run.p.state_out, want.final, run.mm_tol, "final states")  # from its own chunk states
+    assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")
+    assert_rel_close(run.p.y, want.y, run.mm_tol, "y")
+    nheads, headdim, dstate, _ = run.p.dims
+    tables = run.tables
+    n_pn, n_pass, n_mp = tk._fused_counts(ws.cfg, headdim, dstate, CHUNK)
+    ninner, nempty = tables.inner.shape[0], tables.nrows - tables.nchunks
+    programs = nheads * (ninner * n_pn + (tables.nchunks + 2) * (n_pn + n_pass + n_mp) + nempty * n_pass)
+    assert ws.counters.tolist() == [1, programs], "(generation, tickets taken)"
+    assert ws.flags.numel() == nheads * ((tables.nchunks + ninner) * n_pn + tables.nchunks * n_pass)
+    assert bool((ws.flags == 1).all()), "a flag that its program never raised"
 
 
 # The PyTorch path's equivalents, chunk by chunk (float32 whatever the input dtype) ----------------

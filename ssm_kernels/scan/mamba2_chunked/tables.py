@@ -95,6 +95,8 @@ class ChunkTables:
         one step a chunk, or more where a chunk has several start or inner captures. A row of
         zeros follows the last step (the walk reads each row a step ahead).
     seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
+    chunk_steps: (nchunks + 1,): chunk c's steps are [chunk_steps[c], chunk_steps[c + 1]) (the fused
+        pass walks a chunk at a time).
     end_bounds, end_entries: sequence s's final state goes to the captures
         end_entries[end_bounds[s]:end_bounds[s + 1]] (CaptureTable entries).
     On the host: row_list (chunks's rows), capture_list (every capture as a ChunkCapture, in row
@@ -108,6 +110,7 @@ class ChunkTables:
     inner: torch.Tensor
     steps: torch.Tensor
     seq_steps: torch.Tensor
+    chunk_steps: torch.Tensor
     end_bounds: torch.Tensor
     end_entries: torch.Tensor
     row_list: list[ChunkRow]
@@ -155,19 +158,21 @@ class ChunkPlan:
 
     steps: list[tuple]
     seq_steps: list[int]
+    chunk_steps: list[int]
     end_bounds: list[int]
     end_entries: list[int]
     inner_list: list[ChunkCapture]
 
     @property
     def device_lists(self) -> tuple[list, ...]:
-        return self.row_list, self.inner_list, self.steps, self.seq_steps, self.end_bounds, self.end_entries
+        return (self.row_list, self.inner_list, self.steps, self.seq_steps, self.chunk_steps, self.end_bounds,
+                self.end_entries)
 
-    def on_device(self, chunks, inner, steps, seq_steps, end_bounds, end_entries) -> ChunkTables:
+    def on_device(self, chunks, inner, steps, seq_steps, chunk_steps, end_bounds, end_entries) -> ChunkTables:
         """The tables, given device_lists's tensors (int_tables')."""
         return ChunkTables(self.chunk_size, chunks.view(-1, len(ChunkRow._fields)),
                            inner.view(-1, len(ChunkCapture._fields)), steps.view(-1, STEP_WIDTH), seq_steps,
-                           end_bounds, end_entries, self.row_list, self.capture_list, self.inner_list,
+                           chunk_steps, end_bounds, end_entries, self.row_list, self.capture_list, self.inner_list,
                            self.chunk_list, self.seq_chunk_list)
 
 
@@ -202,7 +207,7 @@ def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions
 
 def _walk(rows: list[ChunkRow], capture_list: list[ChunkCapture], nchunks: int, seq_chunks: list[int],
           nseq: int) -> tuple:
-    """The state-passing walk's tables: (steps, seq_steps, end_bounds, end_entries, inner_list)."""
+    """The state-passing walk's tables: (steps, seq_steps, chunk_steps, end_bounds, end_entries, inner_list)."""
     starts, inners, ends = [[] for _ in range(nchunks)], [[] for _ in range(nchunks)], [[] for _ in range(nseq)]
     inner_list = []
     for capture in capture_list:
@@ -215,7 +220,7 @@ def _walk(rows: list[ChunkRow], capture_list: list[ChunkCapture], nchunks: int, 
         else:
             inners[r].append((len(inner_list), entry, j))
             inner_list.append(capture)
-    steps, seq_steps = [], [0]
+    steps, seq_steps, chunk_steps = [], [0], [0]
     for s in range(nseq):
         for c in range(seq_chunks[s], seq_chunks[s + 1]):
             n = max(1, len(starts[c]), len(inners[c]))
@@ -225,9 +230,10 @@ def _walk(rows: list[ChunkRow], capture_list: list[ChunkCapture], nchunks: int, 
                             start_entry=starts[c][k] if k < len(starts[c]) else -1, inner=i, inner_entry=entry,
                             inner_offset=j)
                 steps.append((*step, *_STEP_PADDING))
+            chunk_steps.append(len(steps))
         seq_steps.append(len(steps))
     steps.append(_LAST_ROW)
     end_bounds = [0]
     for entries in ends:
         end_bounds.append(end_bounds[-1] + len(entries))
-    return steps, seq_steps, end_bounds, [e for entries in ends for e in entries], inner_list
+    return steps, seq_steps, chunk_steps, end_bounds, [e for entries in ends for e in entries], inner_list

@@ -55,6 +55,8 @@ partial's), within the 1e-2 of every 16-bit result.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -149,11 +151,16 @@ def _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
 
 
 @triton.jit
-def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr, decay_ptr,
+def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out_ptr, decay_ptr, counters_ptr,
                       nheads, dt_min, dt_max, s_dt_b, s_dt_t, s_dt_h, s_A_h, s_bias_h,
-                      HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, CHUNK: tl.constexpr):
+                      HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, OPENS_FUSED: tl.constexpr,
+                      CHUNK: tl.constexpr):
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
+    if OPENS_FUSED:  # the fused pass's next generation of flags, its tickets from 0
+        if (i_c == 0) & (i_h == 0):
+            tl.atomic_add(counters_ptr, 1)
+            tl.store(counters_ptr + 1, 0)
     i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
     o_t = tl.arange(0, CHUNK)
     m_t = o_t < n_tok
@@ -211,15 +218,15 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
         tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["nchunks"])
-def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
-                        headdim, dstate, nheads, heads_per_group, n_nblocks,
-                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
-                        CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    i_row = tl.program_id(0).to(tl.int64)  # a chunk, or past the chunks an inner capture
-    i_h = tl.program_id(1).to(tl.int64)
-    o_p, m_p, o_n, m_n = _pn_block(tl.program_id(2), n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
+@triton.jit
+def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr,
+                         partial_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
+                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
+                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Stage 3's program for grid row i_row (a chunk, or past the chunks an inner capture), head
+    i_h and P x N block i_pn."""
+    o_p, m_p, o_n, m_n = _pn_block(i_pn, n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
     if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
         i_c = i_row
         n_tok = _chunk_length(chunks_ptr, i_c)
@@ -238,6 +245,18 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
     else:  # the matmul dtype
         p_part = partial_ptr + ((i_row - nchunks) * nheads + i_h) * headdim * dstate + o_pn
         tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_pn)
+
+
+@triton.jit(do_not_specialize=["nchunks"])
+def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
+                        headdim, dstate, nheads, heads_per_group, n_nblocks,
+                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
+                        CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    _chunk_state_program(tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2), x_ptr,
+                         B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, headdim,
+                         dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
+                         s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
 
 
 @triton.jit
@@ -261,6 +280,75 @@ def _capture_row(capture_rows_ptr, entry, skip_slot, HAS_SKIP: tl.constexpr):
 
 
 @triton.jit
+def _walk_block(i_blk, headdim, dstate, BLOCK: tl.constexpr):
+    """Offsets, mask and (p, n) of block i_blk of a flat (headdim x dstate) state: (o, m, o_p, o_n)."""
+    o = i_blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return o, o < headdim * dstate, o // dstate, o % dstate
+
+
+@triton.jit
+def _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
+                   HAS_INITIAL_STATE: tl.constexpr, BLOCK: tl.constexpr):
+    """A sequence's initial state (row i_in of state_in, an engine's slot), float32: zeros where it
+    starts fresh (not `starts`) or none is given."""
+    state = tl.zeros([BLOCK], dtype=tl.float32)
+    if HAS_INITIAL_STATE:
+        p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
+        state = tl.load(p_in, mask=tl.where(starts, m, False), other=0.0).to(tl.float32)
+    return state
+
+
+@triton.jit
+def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr,
+          capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size, HAS_SKIP: tl.constexpr,
+          CHUNK: tl.constexpr):
+    """Steps [t_begin, t_end) of ChunkTables.steps from `state` (a flat block, offsets o, mask m):
+    stores each chunk's start state and the captures on the way; returns the state after them."""
+    # One step a chunk, or one per start or inner capture (ChunkTables.steps): a loop nested in
+    # the walk would keep the compiler from pipelining it. Each step's table row is loaded a
+    # step ahead, so that the step's own loads wait on nothing but their issue.
+    c, first, last, start_entry, i_r, inner_entry, j = _step_row(steps_ptr, t_begin)
+    for t in range(t_begin, t_end):
+        # the next row (the table ends with a padding row)
+        c_n, first_n, last_n, start_entry_n, i_r_n, inner_entry_n, j_n = _step_row(steps_ptr, t + 1)
+        # Loads first, so that their latencies overlap: the chunk's own contribution and decay
+        # (stage 3, at its last step), an inner capture's partial and log decay, the rows.
+        is_first, is_last, inner = first + 0 * o != 0, last + 0 * o != 0, i_r + 0 * o >= 0
+        o_ch = (c * nheads + i_h) * size + o
+        b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0)
+        b_decay = tl.load(decay_ptr + c * nheads + i_h)
+        b_part = tl.load(partial_ptr + (tl.maximum(i_r, 0) * nheads + i_h) * size + o, mask=m & inner, other=0.0)
+        b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
+        start_row, start_kept = _capture_row(capture_rows_ptr, start_entry, skip_slot, HAS_SKIP)
+        inner_row, inner_kept = _capture_row(capture_rows_ptr, inner_entry, skip_slot, HAS_SKIP)
+        # The chunk's start: its start state for the output stage, and a capture there.
+        tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m & is_first)
+        b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
+        tl.store(p_cap + start_row * s_cap_r, b_cap, mask=tl.where(start_kept, m, False))
+        # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
+        b_in = tl.fma(exp2_flush(b_cs), state, b_part.to(tl.float32))
+        tl.store(p_cap + inner_row * s_cap_r, cast_for_store(b_in, p_cap.dtype.element_ty),
+                 mask=tl.where(inner_kept, m, False))
+        # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on
+        # how the compiler contracts it in each specialisation.
+        state = tl.where(is_last, tl.fma(b_decay, state, b_own), state)
+        c, first, last, start_entry, i_r, inner_entry, j = c_n, first_n, last_n, start_entry_n, i_r_n, \
+            inner_entry_n, j_n
+    return state
+
+
+@triton.jit
+def _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h, s_out_p,
+                 s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP: tl.constexpr):
+    """Sequence i_s's final state: into row i_in of state_out (its slot) and its end captures."""
+    p_out = state_out_ptr + i_in * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
+    tl.store(p_out, cast_for_store(state, p_out.dtype.element_ty), mask=m)
+    for e in range(tl.load(end_bounds_ptr + i_s), tl.load(end_bounds_ptr + i_s + 1)):
+        row, kept = _capture_row(capture_rows_ptr, tl.load(end_entries_ptr + e), skip_slot, HAS_SKIP)
+        tl.store(p_cap + row * s_cap_r, cast_for_store(state, p_cap.dtype.element_ty), mask=tl.where(kept, m, False))
+
+
+@triton.jit
 def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_ptr, end_bounds_ptr, end_entries_ptr,
                           capture_rows_ptr, partial_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, start_ptr,
                           state_out_ptr, captured_ptr, skip_slot, headdim, dstate, nheads,
@@ -275,67 +363,28 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
     i_in, _, live, starts, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
                                          HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
     if live:
-        size = headdim * dstate
-        o = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat (p, n) of this block
-        m = o < size
-        o_p = o // dstate
-        o_n = o % dstate
+        o, m, o_p, o_n = _walk_block(tl.program_id(2), headdim, dstate, BLOCK)
         p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
-        state = tl.zeros([BLOCK], dtype=tl.float32)
-        if HAS_INITIAL_STATE:
-            p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
-            state = tl.load(p_in, mask=tl.where(starts, m, False), other=0.0).to(tl.float32)
-        # One step a chunk, or one per start or inner capture (ChunkTables.steps): a loop nested in
-        # the walk would keep the compiler from pipelining it. Each step's table row is loaded a
-        # step ahead, so that the step's own loads wait on nothing but their issue.
-        t0 = tl.load(seq_steps_ptr + i_s)
-        c, first, last, start_entry, i_r, inner_entry, j = _step_row(steps_ptr, t0)
-        for t in range(t0, tl.load(seq_steps_ptr + i_s + 1)):
-            # the next row (the table ends with a padding row)
-            c_n, first_n, last_n, start_entry_n, i_r_n, inner_entry_n, j_n = _step_row(steps_ptr, t + 1)
-            # Loads first, so that their latencies overlap: the chunk's own contribution and decay
-            # (stage 3, at its last step), an inner capture's partial and log decay, the rows.
-            is_first, is_last, inner = first + 0 * o != 0, last + 0 * o != 0, i_r + 0 * o >= 0
-            o_ch = (c * nheads + i_h) * size + o
-            b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0)
-            b_decay = tl.load(decay_ptr + c * nheads + i_h)
-            b_part = tl.load(partial_ptr + (tl.maximum(i_r, 0) * nheads + i_h) * size + o, mask=m & inner, other=0.0)
-            b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
-            start_row, start_kept = _capture_row(capture_rows_ptr, start_entry, skip_slot, HAS_SKIP)
-            inner_row, inner_kept = _capture_row(capture_rows_ptr, inner_entry, skip_slot, HAS_SKIP)
-            # The chunk's start: its start state for the output stage, and a capture there.
-            tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m & is_first)
-            b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-            tl.store(p_cap + start_row * s_cap_r, b_cap, mask=tl.where(start_kept, m, False))
-            # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
-            b_in = tl.fma(exp2_flush(b_cs), state, b_part.to(tl.float32))
-            tl.store(p_cap + inner_row * s_cap_r, cast_for_store(b_in, p_cap.dtype.element_ty),
-                     mask=tl.where(inner_kept, m, False))
-            # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on
-            # how the compiler contracts it in each specialisation.
-            state = tl.where(is_last, tl.fma(b_decay, state, b_own), state)
-            c, first, last, start_entry, i_r, inner_entry, j = c_n, first_n, last_n, start_entry_n, i_r_n, \
-                inner_entry_n, j_n
-        p_out = state_out_ptr + i_in * s_out_s + i_h * s_out_h + o_p * s_out_p + o_n * s_out_n
-        tl.store(p_out, cast_for_store(state, p_out.dtype.element_ty), mask=m)
-        for e in range(tl.load(end_bounds_ptr + i_s), tl.load(end_bounds_ptr + i_s + 1)):
-            row, kept = _capture_row(capture_rows_ptr, tl.load(end_entries_ptr + e), skip_slot, HAS_SKIP)
-            tl.store(p_cap + row * s_cap_r, cast_for_store(state, p_cap.dtype.element_ty),
-                     mask=tl.where(kept, m, False))
+        state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
+                               HAS_INITIAL_STATE, BLOCK)
+        state = _walk(state, tl.load(seq_steps_ptr + i_s), tl.load(seq_steps_ptr + i_s + 1), i_h, o, m, p_cap,
+                      s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr, capture_rows_ptr, partial_ptr, start_ptr,
+                      skip_slot, nheads, headdim * dstate, HAS_SKIP, CHUNK)
+        _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h, s_out_p,
+                     s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
 
 
 @triton.jit
-def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
-                         slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
-                         s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
-                         s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                         HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
-                         HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    i_c = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1).to(tl.int64)
-    i_m = tl.program_id(2) // n_pblocks
-    i_p = tl.program_id(2) % n_pblocks
+def _chunk_output_program(i_c, i_h, i_mp, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr,
+                          start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                          HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Stage 5's program for chunk i_c, head i_h and M x P block i_mp."""
+    i_m = i_mp // n_pblocks
+    i_p = i_mp % n_pblocks
     i_g = i_h // heads_per_group
     i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
     # A skipped row (an engine's padding) writes no y: its store is masked, so that no wait on its
@@ -404,6 +453,161 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=tl.where(live, m_mp, False))
 
 
+
+@triton.jit
+def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
+                         slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+                         s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                         s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                         HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                         HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    _chunk_output_program(tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2), x_ptr,
+                          C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr, slot_in_ptr,
+                          skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE)
+
+
+@triton.jit
+def _wait(flag_ptr, counters_ptr):
+    """Until the flag holds this pass's generation (counters_ptr[0]). The read acquires: what the
+    flag's program stored before raising it is visible after."""
+    generation = tl.load(counters_ptr)
+    while tl.atomic_add(flag_ptr, 0, sem="acquire") != generation:
+        pass
+
+
+@triton.jit
+def _raise(flag_ptr, counters_ptr):
+    """The flag to this pass's generation, once every thread's stores are issued (the write
+    releases). The generation is read here, not kept from the program's start: a register less
+    through the program's work."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, tl.load(counters_ptr), sem="release")
+
+
+@triton.jit(do_not_specialize=["nchunks", "ninner", "nempty"])
+def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, decay_ptr, cb_ptr, states_ptr,
+                       partial_ptr, start_ptr, chunks_ptr, inner_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr,
+                       end_entries_ptr, capture_rows_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr,
+                       captured_ptr, counters_ptr, flags_ptr, nchunks, ninner, nempty, skip_slot,
+                       headdim, dstate, nheads, heads_per_group, n_nblocks, n_pblocks,
+                       s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
+                       s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                       s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
+                       s_cap_r, s_cap_h, s_cap_p, s_cap_n,
+                       HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
+                       HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
+                       CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
+                       N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Stages 3, 4 and 5 in one launch (stage3to5_fused). A program takes a ticket and runs the
+    work it names, after waiting on the flags of the programs it reads from, all of which took
+    earlier tickets and so are running or done: no program waits on one that may never start.
+
+    Tickets: first the inner captures' partials (stage 3's rows past the chunks); then groups of
+    (nheads x N_PN) chunk-state, (nheads x N_PASS) walk and (nheads x N_MP) output programs,
+    group g holding chunk g's chunk states, chunk g-1's walk and chunk g-2's output, so that what
+    a program waits on was mostly done a group before; last, the final states of the empty
+    sequences. The walk of a chunk takes the state its sequence's previous chunk left in that
+    chunk's `states` row (its own contribution, which only the walk of that chunk reads, is spent
+    by then), runs the chunk's steps of ChunkTables.steps as stage 4 runs them, and leaves its end
+    state in its own row. Flags (counters_ptr[0], this pass's generation, which stage 1 advanced):
+    a chunk state, a partial and a walk block each raise their own."""
+    t = tl.atomic_add(counters_ptr + 1, 1)
+    size = headdim * dstate
+    n_state = nheads * N_PN
+    n_walk = nheads * N_PASS
+    group = n_state + n_walk + nheads * N_MP
+    n_partial = ninner * n_state
+    # Flags: (nchunks, nheads, N_PN) chunk states, (nchunks, nheads, N_PASS) walk blocks, (ninner,
+    # nheads, N_PN) partials. Tickets and flags' indices fit int32; state offsets are int64.
+    p_walk_flags = flags_ptr + nchunks * n_state
+    p_partial_flags = p_walk_flags + nchunks * n_walk
+    if t < n_partial:  # the partial of inner capture t // n_state: stage 3's row past the chunks
+        _chunk_state_program((nchunks + t // n_state).to(tl.int64), ((t % n_state) // N_PN).to(tl.int64), t % N_PN,
+                             x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
+                             headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
+                             s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+        _raise(p_partial_flags + t, counters_ptr)
+    elif t < n_partial + (nchunks + 2) * group:
+        g = (t - n_partial) // group
+        r = (t - n_partial) % group
+        if r < n_state:
+            if g < nchunks:  # chunk g's own contribution to its end state
+                _chunk_state_program(g.to(tl.int64), (r // N_PN).to(tl.int64), r % N_PN, x_ptr, B_ptr, dt_ptr,
+                                     cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, headdim, dstate,
+                                     nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
+                                     s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                _raise(flags_ptr + g * n_state + r, counters_ptr)
+        elif r < n_state + n_walk:
+            if (g >= 1) & (g <= nchunks):  # chunk g-1's walk, a block of its state
+                i_blk = (r - n_state) % N_PASS
+                f_c = (g - 1) * nheads + (r - n_state) // N_PASS  # its (chunk, head), as flags index it
+                i_c = (g - 1).to(tl.int64)
+                i_h = ((r - n_state) // N_PASS).to(tl.int64)
+                o, m, o_p, o_n = _walk_block(i_blk, headdim, dstate, PASS_BLOCK)
+                p_row = chunks_ptr + i_c * CHUNK_COLUMNS
+                i_s, index, last = tl.load(p_row + 3), tl.load(p_row + 4), tl.load(p_row + 5)
+                i_in, _, live, starts, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
+                                                     HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
+                p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
+                t_begin = tl.load(chunk_steps_ptr + i_c)
+                t_end = tl.load(chunk_steps_ptr + i_c + 1)
+                # What the walk reads: the chunk's own contribution, its inner captures' partials
+                # and the state before it (its sequence's initial state, or the previous chunk's end).
+                for k in range(N_PN):
+                    _wait(flags_ptr + f_c * N_PN + k, counters_ptr)
+                for step in range(t_begin, t_end):
+                    i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
+                    if i_r >= 0:
+                        for k in range(N_PN):
+                            _wait(p_partial_flags + (i_r * nheads + i_h) * N_PN + k, counters_ptr)
+                if index == 0:
+                    state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p,
+                                           s_in_n, HAS_INITIAL_STATE, PASS_BLOCK)
+                else:
+                    _wait(p_walk_flags + (f_c - nheads) * N_PASS + i_blk, counters_ptr)
+                    state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
+                if live:
+                    state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
+                                  steps_ptr, capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size,
+                                  HAS_SKIP, CHUNK)
+                    if last != 0:
+                        _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s,
+                                     s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
+                                     skip_slot, HAS_SKIP)
+                tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
+                _raise(p_walk_flags + f_c * N_PASS + i_blk, counters_ptr)
+        else:
+            if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state is written
+                f_c = (g - 2) * nheads + (r - n_state - n_walk) // N_MP
+                for k in range(N_PASS):
+                    _wait(p_walk_flags + f_c * N_PASS + k, counters_ptr)
+                _chunk_output_program((g - 2).to(tl.int64), ((r - n_state - n_walk) // N_MP).to(tl.int64),
+                                      (r - n_state - n_walk) % N_MP, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
+                                      chunks_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads,
+                                      heads_per_group, n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g,
+                                      s_C_n, s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D,
+                                      DOT_DTYPE)
+    else:  # an empty sequence's final state: its initial state
+        r = t - n_partial - (nchunks + 2) * group
+        i_row = (nchunks + r // n_walk).to(tl.int64)  # its row of ChunkTables.chunks
+        i_h = ((r % n_walk) // N_PASS).to(tl.int64)
+        o, m, o_p, o_n = _walk_block(r % N_PASS, headdim, dstate, PASS_BLOCK)
+        i_s = tl.load(chunks_ptr + i_row * CHUNK_COLUMNS + 3)
+        i_in, _, live, starts, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
+                                             HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
+        if live:
+            p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
+            state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
+                                   HAS_INITIAL_STATE, PASS_BLOCK)
+            _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h,
+                         s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
+
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 # The matmul dtype of each input dtype. float16 multiplies in bfloat16: C B^T and the chunk-start
 # states, stored and multiplied in it, may pass float16's 65504 where y does not.
@@ -447,6 +651,14 @@ class Workspace:
     states: torch.Tensor  # (nchunks, nheads, headdim, dstate) float32: each chunk's own contribution (stage 3)
     partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
     start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
+    # The fused pass's (stage3to5_fused), None for the five stages: its generation and next ticket
+    # (int32, advanced and reset by stage 1), and its flags (int32, zeros until a generation's).
+    counters: torch.Tensor | None = None
+    flags: torch.Tensor | None = None
+
+    @property
+    def fused(self) -> bool:
+        return self.flags is not None
 
     @property
     def launch(self) -> dict:
@@ -460,15 +672,23 @@ class Workspace:
 
 
 def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
-    """The workspace of a pass, unwritten."""
+    """The workspace of a pass, unwritten (the fused pass's where FUSED_PASS is set)."""
     nheads, headdim, dstate, ngroups = p.dims
     chunk, nchunks, ninner = tables.chunk_size, tables.nchunks, tables.inner.shape[0]
     f32, mm = dict(dtype=torch.float32, device=p.x.device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=p.x.device)
+    cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
+    counters = flags = None
+    if FUSED_PASS:
+        n_pn, n_pass, _ = _fused_counts(cfg, headdim, dstate, chunk)
+        counters = torch.zeros(2, dtype=torch.int32, device=p.x.device)
+        flags = torch.zeros((nchunks + ninner) * nheads * n_pn + nchunks * nheads * n_pass, dtype=torch.int32,
+                            device=p.x.device)
     return Workspace(
-        launch_config(headdim, dstate, chunk, p.x.dtype), torch.empty(nchunks, nheads, chunk, **f32),
+        cfg, torch.empty(nchunks, nheads, chunk, **f32),
         torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
         torch.empty(nchunks, ngroups, chunk, chunk, **mm), torch.empty(nchunks, nheads, headdim, dstate, **f32),
-        torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm))
+        torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm),
+        counters, flags)
 
 
 def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -479,9 +699,9 @@ def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None
     dt, A = p.dt[..., 0], p.A[:, 0, 0]  # Mamba-2: one dt and one decay per head
     dt_bias = p.dt_bias[:, 0] if p.dt_bias is not None else None
     launch(_dt_cumsum_kernel, (nchunks, nheads),
-        dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, nheads, p.dt_min, p.dt_max,
-        *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
-        **flags_for(_dt_cumsum_kernel, p), CHUNK=tables.chunk_size, **ws.launch)
+        dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, ptr_or(ws.counters, tables.chunks), nheads,
+        p.dt_min, p.dt_max, *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
+        **flags_for(_dt_cumsum_kernel, p), OPENS_FUSED=ws.fused, CHUNK=tables.chunk_size, **ws.launch)
 
 
 def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -552,13 +772,66 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
         BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
 
 
+def _fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> tuple[int, int, int]:
+    """Programs a head of a chunk takes in the fused pass: (chunk state, walk, output)."""
+    n_pblocks = triton.cdiv(headdim, cfg["BLOCK_P"])
+    return (n_pblocks * triton.cdiv(dstate, cfg["BLOCK_N"]), triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]),
+            chunk // cfg["BLOCK_M"] * n_pblocks)
+
+
+def stage3to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stages 3, 4 and 5 in one launch (_fused_pass_kernel): what they write, from ws.dt, ws.cs,
+    ws.decay and ws.cb (stages 1 and 2, stage 1 having opened the pass's generation). Without
+    chunks (empty sequences only) stage 4 alone, as the five stages run it."""
+    nheads, headdim, dstate, ngroups = p.dims
+    if not tables.nchunks:
+        stage4_state_passing(p, tables, ws)
+        return
+    chunk, nchunks, ninner, nempty = tables.chunk_size, tables.nchunks, tables.inner.shape[0], \
+        tables.nrows - tables.nchunks
+    cfg, out, captured, stand_in = ws.cfg, p.state_out, p.captured, tables.chunks
+    n_pn, n_pass, n_mp = _fused_counts(cfg, headdim, dstate, chunk)
+    programs = nheads * (ninner * n_pn + (nchunks + 2) * (n_pn + n_pass + n_mp) + nempty * n_pass)
+    launch(_fused_pass_kernel, (programs,),
+        p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, ws.decay, ws.cb, ws.states,
+        ptr_or(ws.partial, ws.start), ws.start, tables.chunks, ptr_or(tables.inner, stand_in), tables.steps,
+        tables.chunk_steps, tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
+        ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in), ptr_or(p.has_initial, stand_in), out,
+        ptr_or(captured, out), ws.counters, ws.flags, nchunks, ninner, nempty,
+        0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, nheads // ngroups,
+        triton.cdiv(dstate, cfg["BLOCK_N"]), triton.cdiv(headdim, cfg["BLOCK_P"]),
+        *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
+        *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
+        **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], PASS_BLOCK=cfg["PASS_BLOCK"],
+        N_PN=n_pn, N_PASS=n_pass, N_MP=n_mp, **ws.dot, **cfg["output"])
+
+
 STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
+FUSED_STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3to5_fused)
+# The fused pass (stages 3 to 5 in one launch) in place of the five stages: opt-in
+# (SSM_KERNELS_FUSED_SSD=1, or fused_pass()) until a GPU has measured it against them. A workspace
+# is made for one or the other when it is allocated (new_workspace).
+FUSED_PASS = os.environ.get("SSM_KERNELS_FUSED_SSD", "0") == "1"
+
+
+@contextlib.contextmanager
+def fused_pass(enabled: bool = True):
+    """Within the block, passes whose workspace is allocated there run the fused pass (enabled)
+    or the five stages; FUSED_PASS as it was after."""
+    global FUSED_PASS
+    was, FUSED_PASS = FUSED_PASS, enabled
+    try:
+        yield
+    finally:
+        FUSED_PASS = was
 
 
 def run_chunked_triton(p: ScanProblem, tables: ChunkTables, ws: Workspace | None = None) -> None:
-    """The five stages in order; writes p.y, p.state_out and p.captured. ws: a workspace of this
-    pass's shapes to reuse (a serving step's layers share one), else a new one."""
+    """The stages in order (the fused pass's where the workspace is the fused pass's); writes p.y,
+    p.state_out and p.captured. ws: a workspace of this pass's shapes to reuse (a serving step's
+    layers share one), else a new one."""
     assert not p.a_per_state and p.state_out_index is None, "the chunked scan serves mamba2_scan only"
     ws = ws or new_workspace(p, tables)
-    for stage in STAGES:
+    for stage in FUSED_STAGES if ws.fused else STAGES:
         stage(p, tables, ws)
