@@ -12,7 +12,8 @@
 #      python -m bench.chain (a state handed from program to program inside a kernel: us a hop);
 #   4. the headline: python -m bench.scan --seqlens 8192 32768 --no-varlen (and --sections): recurrent and chunked
 #      passes at batch 1 with the peers at the three Mamba-2 shapes and Mamba-1 (call, kernel and
-#      host time per call), 8 captures spread and 8 at chunk starts, the grid split, the crossover,
+#      host time per call; the chunked Mamba-2 pass also on its fused pass, where its layer-size
+#      test passed in step 2), 8 captures spread and 8 at chunk starts, the grid split, the crossover,
 #      decode at batch 1..256; a soft budget, and a hard timeout (SIGTERM: it writes what it measured);
 #   5. python -m bench.serve in the time left (SERVE_S, default 60), then the short tables, last.
 # Everything goes to $OUT (default bench/results/<UTC date>-gpu; a dry run: -gpu-reduced or
@@ -126,13 +127,19 @@ step host host.log 120 "$PY" -m bench.host --device "$HOST_DEVICE" --repeats 3 -
 # scan's chain of chunks pays a hop); reduced: the interpreter checks the values only.
 step chain chain.log 60 "$PY" -m bench.chain $REDUCED_FLAG --out "$OUT/chain"
 
-# 4. The headline rows, then 5. serve in what is left.
+# 4. The headline rows, then 5. serve in what is left. The fused chunked pass is timed only where
+# its layer-size test passed on this GPU above: a pass that hung would stop every row after it.
+FUSED_ARGS=(--no-fused)
+if [ "$DRY_RUN" = 1 ] || grep -q "test_chunked_fused.py::test_at_a_layers_size_on_gpu PASSED" "$OUT"/logs/tests-*.log \
+    2>/dev/null; then
+  FUSED_ARGS=()
+fi
 limit=$(( $(left) - SERVE_S - 10 ))
 [ "$limit" -lt 60 ] && limit=60
 SCAN_ARGS=()
 [ "$DRY_RUN" = 1 ] || SCAN_ARGS=(--seqlens 8192 32768 --no-varlen --sections scan,captures,grid_split,crossover,decode)
-step scan scan.log "$limit" "$PY" -m bench.scan $REDUCED_FLAG $QUICK "${SCAN_ARGS[@]}" --out "$OUT" \
-  --time-budget $((limit - 40))
+step scan scan.log "$limit" "$PY" -m bench.scan $REDUCED_FLAG $QUICK "${SCAN_ARGS[@]}" "${FUSED_ARGS[@]}" \
+  --out "$OUT" --time-budget $((limit - 40))
 limit=$(( $(left) - 10 ))
 [ "$limit" -lt 30 ] && limit=30
 step serve serve.log "$limit" "$PY" -m bench.serve $REDUCED_FLAG $QUICK --out "$OUT" --time-budget $((limit * 2 / 3))

@@ -17,6 +17,8 @@ def _pct(value):
 
 def _alg(row) -> str:
     alg = row.get("algorithm", "")
+    if alg.startswith("chunked, fused"):
+        return "fused"
     return "chunk" if alg.startswith("chunked") else ("rec" if alg.startswith("recurrent") else alg)
 
 

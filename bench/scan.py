@@ -4,15 +4,16 @@ cuts the rest: the longer passes at batch 1, captures and the grid split, then t
 
 1. copy bandwidth (the roofline's denominator, see bench.workloads);
 2. scan passes: mamba2_scan / mamba1_scan at the standard layer shapes, batch 1 and a varlen
-   batch of 16 mixed lengths (the same total tokens), per backend and algorithm, and the peers
-   at the same inputs (their outputs checked against ours first);
+   batch of 16 mixed lengths (the same total tokens), per backend and algorithm (for mamba2_scan
+   also the chunked scan on its fused pass, opt-in in the library), and the peers at the same
+   inputs (their outputs checked against ours first);
 3. algorithm crossover: recurrent against chunked over pass lengths;
 4. capture overhead: one pass with 0, 1, 8 and 64 captures spread evenly, and (chunked) 8 at chunk
    starts ("8 grid");
 5. in-pass capture against two passes split at the tail split point (planner.tail_split_point);
-6. grid split (chunked): one pass against two passes split at a multiple of the chunk size, timed,
-   and whether y and the final state are bit-identical (the chunked scan's grid guarantee, checked
-   on the compiled kernels when run on a GPU);
+6. grid split (chunked, and on the fused pass): one pass against two passes split at a multiple
+   of the chunk size, timed, and whether y and the final state are bit-identical (the chunked
+   scan's grid guarantee, checked on the compiled kernels when run on a GPU);
 7. decode: selective_state_update at batch 1 .. 256, and the peers' decode steps.
 
 Outputs under --out: scan.json (every figure, the environment, the peers' status), scan.md,
@@ -38,6 +39,11 @@ import ssm_kernels  # noqa: E402
 from planner import tail_split_point  # noqa: E402
 from ssm_kernels.scan.mamba2_chunked import ALGORITHMS, AUTO_CHUNKED_MIN_TOKENS, DEFAULT_CHUNK_SIZE  # noqa: E402
 
+try:  # the fused chunked pass (opt-in), measured beside the five stages where the library has it
+    from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
+except ImportError:
+    fused_pass = None
+
 ELT = 2  # bfloat16 inputs
 CHECK_TOLERANCE = 5e-2  # a peer whose y differs from ours by more (RMS-relative) is flagged
 
@@ -50,10 +56,19 @@ def failed(*errors) -> dict:
 
 def algorithms(fn) -> list[str]:
     """The algorithms to measure for `fn`: "recurrent", plus "chunked" when `fn` takes an
-    `algorithm` keyword and the library has it ("auto" runs one of the two)."""
+    `algorithm` keyword and the library has it ("auto" runs one of the two), and for mamba2_scan
+    "fused" (chunked, its stages 3 to 5 fused into one launch) where the library has that."""
     if "algorithm" not in inspect.signature(fn).parameters or "chunked" not in ALGORITHMS:
         return ["recurrent"]
-    return ["recurrent", "chunked"]
+    return ["recurrent", "chunked"] + (["fused"] if fn is ssm_kernels.mamba2_scan and fused_pass else [])
+
+
+def on_the_fused_pass(call):
+    """`call` run with the fused chunked pass in place of the five stages."""
+    def run():
+        with fused_pass():
+            return call()
+    return run
 
 
 @dataclass
@@ -122,6 +137,8 @@ class ScanBench:
         self.env = common.environment(device, reduced=self.cfg.reduced, quick=self.cfg.quick)
         self.peers = peers_mod.load_peers(device)
         self.algs = {"mamba2": algorithms(ssm_kernels.mamba2_scan), "mamba1": algorithms(ssm_kernels.mamba1_scan)}
+        if args.no_fused:
+            self.algs["mamba2"] = [alg for alg in self.algs["mamba2"] if alg != "fused"]
         self.bw = None
         self.peer_failures = {}
         self.results = {"benchmark": "scan", "label": self.env["label"], "env": self.env,
@@ -176,11 +193,12 @@ class ScanBench:
             if start_positions is not None:
                 kw["start_positions"] = start_positions
             if "algorithm" in inspect.signature(ssm_kernels.mamba2_scan).parameters:
-                kw["algorithm"] = algorithm
-                if algorithm == "chunked" and self.cfg.chunk_size:
+                kw["algorithm"] = "chunked" if algorithm == "fused" else algorithm
+                if kw["algorithm"] == "chunked" and self.cfg.chunk_size:
                     kw["chunk_size"] = self.cfg.chunk_size
-            return lambda: ssm_kernels.mamba2_scan(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
-                                                   dt_bias=inp["dt_bias"], dt_softplus=True, **kw)
+            call = lambda: ssm_kernels.mamba2_scan(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],  # noqa: E731
+                                                   D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True, **kw)
+            return on_the_fused_pass(call) if algorithm == "fused" else call
         if "algorithm" in inspect.signature(ssm_kernels.mamba1_scan).parameters:
             kw["algorithm"] = algorithm
         return lambda: ssm_kernels.mamba1_scan(inp["u"], inp["delta"], inp["A"], inp["B"], inp["C"], D=inp["D"],
@@ -190,9 +208,14 @@ class ScanBench:
         make = wl.mamba2_inputs if shape.kind == "mamba2" else wl.mamba1_inputs
         return make(shape, ntokens, self.device)
 
+    def algs_on(self, shape, backend):
+        """The algorithms measured for `shape` on `backend`: the fused pass is Triton's only."""
+        return [alg for alg in self.algs[shape.kind] if alg != "fused" or backend == "triton"]
+
     def alg_label(self, algorithm):
-        if algorithm == "chunked":
-            return f"chunked (chunk {self.cfg.chunk_size or 'default'})"
+        if algorithm in ("chunked", "fused"):
+            fused = ", fused" if algorithm == "fused" else ""
+            return f"chunked{fused} (chunk {self.cfg.chunk_size or 'default'})"
         return algorithm
 
     # -- sections --------------------------------------------------------------------------------
@@ -213,7 +236,7 @@ class ScanBench:
         for backend, label, interp in self.cfg.backends(shape):
             if interp and seqlen > self.cfg.interp_seqlen:
                 continue
-            for alg in self.algs[shape.kind]:
+            for alg in self.algs_on(shape, backend):
                 row = dict(base, impl="ssm_kernels", op=f"{shape.kind}_scan", backend=label,
                            algorithm=self.alg_label(alg))
                 timing, result, error = self.timed(self.our_scan(shape, inp, backend, alg, cu), interp)
@@ -293,7 +316,7 @@ class ScanBench:
         out = [(count, [round(seqlen * (i + 1) / (count + 1)) for i in range(count)])
                for count in (0, *self.cfg.capture_counts)]
         chunk = self.cfg.chunk_size or DEFAULT_CHUNK_SIZE
-        if alg == "chunked" and seqlen // chunk >= 8:
+        if alg in ("chunked", "fused") and seqlen // chunk >= 8:
             out.append(("8 grid", [k * (seqlen // chunk) // 8 * chunk for k in range(8)]))
         return out
 
@@ -302,7 +325,7 @@ class ScanBench:
             for backend, label, interp in self.cfg.backends(shape):
                 seqlen = self.cfg.interp_seqlen if interp else self.cfg.capture_seqlen
                 inp = self.inputs(shape, seqlen)
-                for alg in self.algs[shape.kind]:
+                for alg in self.algs_on(shape, backend):
                     base = None
                     for count, offsets in self.capture_placements(seqlen, alg):
                         row = dict(section="captures", model=shape.name, kind=shape.kind, backend=label,
@@ -337,7 +360,7 @@ class ScanBench:
                 for backend, label, interp in self.cfg.backends(shape):
                     if interp and seqlen > self.cfg.interp_seqlen:
                         continue
-                    for alg in self.algs[shape.kind]:
+                    for alg in self.algs_on(shape, backend):
                         row = dict(section="inpass_vs_split", model=shape.name, kind=shape.kind, backend=label,
                                    algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", split=split,
                                    block_size=self.cfg.block_size)
@@ -369,19 +392,21 @@ class ScanBench:
                 inp = self.inputs(shape, seqlen)
                 first, second = self.halves(shape, inp, split)
                 for backend, label, interp in self.cfg.backends(shape):
-                    if (interp and seqlen > self.cfg.interp_seqlen) or split == 0:
-                        continue
-                    row = dict(section="grid_split", model=shape.name, backend=label,
-                               algorithm=self.alg_label("chunked"), seqlen=seqlen, batch="1", split=split)
-                    (t1, r1, e1), (t2, r2, e2) = self.one_and_two_passes(
-                        shape, inp, (first, second), split, backend, "chunked", interp)
-                    if t1 and t2:
-                        bitwise = (torch_equal(r2.y, r1.y[:, split:]) and torch_equal(r2.final_states, r1.final_states))
-                        row.update(status="ok", one_pass_ms=t1.ms, two_passes_ms=t2.ms, ratio=t2.ms / t1.ms,
-                                   bitwise=bitwise, timing=t1.method)
-                    else:
-                        row.update(failed(e1, e2))
-                    self.results["grid_split"].append(row)
+                    for alg in [alg for alg in self.algs_on(shape, backend) if alg != "recurrent"]:
+                        if (interp and seqlen > self.cfg.interp_seqlen) or split == 0:
+                            continue
+                        row = dict(section="grid_split", model=shape.name, backend=label,
+                                   algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", split=split)
+                        (t1, r1, e1), (t2, r2, e2) = self.one_and_two_passes(
+                            shape, inp, (first, second), split, backend, alg, interp)
+                        if t1 and t2:
+                            bitwise = torch_equal(r2.y, r1.y[:, split:]) and torch_equal(r2.final_states,
+                                                                                        r1.final_states)
+                            row.update(status="ok", one_pass_ms=t1.ms, two_passes_ms=t2.ms, ratio=t2.ms / t1.ms,
+                                       bitwise=bitwise, timing=t1.method)
+                        else:
+                            row.update(failed(e1, e2))
+                        self.results["grid_split"].append(row)
                 del inp, first, second
                 common.release_memory(self.device)
         self.save()
@@ -495,6 +520,8 @@ def add_args(parser) -> None:
     parser.add_argument("--sections", type=_sections, default=None, metavar="A,B",
                         help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)}")
     parser.add_argument("--no-varlen", action="store_true", help="batch 1 only (no varlen batches)")
+    parser.add_argument("--no-fused", action="store_true",
+                        help="the chunked mamba2_scan on its five stages only, not also on the fused pass")
 
 
 def main(argv=None) -> int:

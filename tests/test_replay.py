@@ -12,6 +12,7 @@ import triton
 from helpers import mamba1_inputs, mamba2_inputs
 from ssm_kernels import _triton, cache_ops
 from ssm_kernels.cache_ops import replay
+from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
 
 
 class Kernel:
@@ -196,6 +197,12 @@ def _conv(ntokens, token_axis):
                 conv_state=torch.randn(NSLOTS, 3, 8).transpose(1, 2), out=torch.zeros_like(x))
 
 
+def _mamba2_prefill_fused(b, x, dt, A, B, C, **kw):
+    """The chunked prefill on the fused pass (its step's workspace is the fused pass's)."""
+    with fused_pass():
+        cache_ops.mamba2_prefill(b, x, dt, A, B, C, dt_softplus=True, algorithm="chunked", chunk_size=CHUNK, **kw)
+
+
 NTOKENS = sum(LENGTHS)
 OPS = {  # name: (the op with its options, its batch, a layer's tensors)
     "mamba2_prefill recurrent": (lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_prefill(
@@ -207,6 +214,7 @@ OPS = {  # name: (the op with its options, its batch, a layer's tensors)
         lambda b, x, dt, A, B, C, **kw: cache_ops.mamba2_prefill(b, x, dt, A, B, C, dt_softplus=True,
                                                                  algorithm="chunked", chunk_size=CHUNK, **kw),
         lambda: _prefill_batch(chunk_size=None), lambda: _mamba2(NTOKENS)),
+    "mamba2_prefill chunked, fused": (_mamba2_prefill_fused, _prefill_batch, lambda: _mamba2(NTOKENS)),
     "mamba1_prefill recurrent": (lambda b, u, delta, A, B, C, **kw: cache_ops.mamba1_prefill(
         b, u, delta, A, B, C, delta_softplus=True, algorithm="recurrent", **kw), _prefill_batch,
         lambda: _mamba1(NTOKENS, 1)),

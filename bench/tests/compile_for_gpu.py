@@ -41,6 +41,7 @@ SPILL_LIMIT_BYTES = 64
 def representative_calls() -> None:
     """Every public function with every optional input on and off, odd sizes, both dtypes."""
     from ssm_kernels import causal_conv1d, causal_conv1d_update, mamba1_scan, mamba2_scan, selective_state_update
+    from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
 
     for dtype in (torch.bfloat16, torch.float32):
         for ngroups, dstate, headdim in ((1, 128, 64), (8, 16, 32), (1, 256, 64), (2, 64, 64), (1, 32, 64)):
@@ -56,6 +57,9 @@ def representative_calls() -> None:
             for algorithm, chunk in (("recurrent", None), ("chunked", 16), ("chunked", 256)):
                 mamba2_scan(x, dt, A, B, C, backend="triton", algorithm=algorithm, chunk_size=chunk)
                 mamba2_scan(x, dt, A, B, C, **full, backend="triton", algorithm=algorithm, chunk_size=chunk)
+                if algorithm == "chunked":  # the fused pass in place of stages 3 to 5, every option on
+                    with fused_pass():
+                        mamba2_scan(x, dt, A, B, C, **full, backend="triton", algorithm=algorithm, chunk_size=chunk)
             for state_dtype in (torch.float32, torch.bfloat16):
                 state = torch.zeros(4, nheads, headdim, dstate, dtype=state_dtype)
                 selective_state_update(state, x[0, :2], dt[0, :2], A, B[0, :2], C[0, :2], D=full["D"],

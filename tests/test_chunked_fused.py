@@ -1,0 +1,106 @@
+"""The fused chunked pass (mamba2_scan(algorithm="chunked")'s stages 3 to 5 in one launch,
+triton_kernel.stage3to5_fused, opt-in): the chunked scan's own tests run again with it on, and
+its results against the five stages'.
+
+It runs the five stages' operations, so under the interpreter (one program after another, in
+ticket order) it gives their bits, every output; on a GPU its programs run at once and hand
+states on through flags, and its results are the five stages' to rounding (two binaries may
+contract a multiply and an add differently). The tests re-run here keep its own guarantees:
+accuracy against float64, varlen with empty and 1-token sequences, captures anywhere that change
+no bit of y or the final states, passes resumed at a chunk-grid point bit-identical to one pass.
+"""
+import pytest
+import torch
+
+import test_cache_ops_chunked
+from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
+from ssm_kernels import mamba2_scan
+from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
+from test_chunked import captures_for
+# The chunked scan's tests, run here with the fused pass (the fixture below).
+from test_chunked import (test_all_options_against_float64, test_captures_leave_y_and_final_states_bitwise_unchanged,  # noqa: F401
+                          test_duplicate_and_unordered_captures_land_in_their_rows, test_inner_captures_of_16bit_passes,
+                          test_model_size_on_gpu, test_only_empty_sequences, test_variants,
+                          test_varlen_with_empty_and_one_token_sequences, test_warm_restore_matches_cold_run)
+from test_chunked_grid import (test_passes_on_the_absolute_grid_of_a_sequence_that_starts_off_it,  # noqa: F401
+                               test_real_tiles_split_at_the_default_chunk, test_split_at_a_grid_point_is_bit_identical,
+                               test_varlen_batch_of_sequences_resumed_at_different_grid_points)
+
+
+@pytest.fixture(autouse=True)
+def fused():
+    """Every pass of this module's tests allocates a fused pass's workspace (the tests imported
+    above run with it)."""
+    with tk.fused_pass():
+        yield
+
+
+def test_mamba2_chunked_prefill_on_an_engines_cache():
+    """On an engine's cache (slots, a skipped row, fresh rows, captures into slots) the fused pass
+    matches the public scan's, as the five stages do."""
+    for cache_dtype in (torch.float32, torch.bfloat16):
+        test_cache_ops_chunked.test_mamba2_chunked_prefill_matches_public_chunked_scan("triton", cache_dtype, False)
+
+
+def _same(fused, five, what):
+    """Bit for bit under the interpreter; to rounding on a GPU."""
+    if fused.device.type == "cpu":
+        assert torch.equal(fused, five), what
+    else:
+        assert_rel_close(fused, five, 1e-5 if fused.dtype == torch.float32 else 1e-3, what)
+
+
+# Dims with several chunk-state programs (two P blocks) and several walk blocks (80 x 32 state
+# elements: two of 2048) a head.
+DIMS = {"small": dict(nheads=4, headdim=16, ngroups=2, dstate=16), "two_blocks": dict(nheads=2, headdim=80, ngroups=1,
+                                                                                      dstate=32)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", list(DIMS))
+def test_the_fused_pass_gives_the_five_stages_results(dims, dtype, device):
+    lengths = [0, 1, 17, 0, 33, 7, 16]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    args, kw = mamba2_positional(mamba2_inputs(1, sum(lengths), **DIMS[dims], nseq=len(lengths), dtype=dtype,
+                                               device=device))
+    kw.update(dt_softplus=True, cu_seqlens=cu, capture=captures_for(lengths), start_positions=[0, 3, 16, 0, 5, 0, 32])
+    results = []
+    for fused in (True, False):
+        with tk.fused_pass(fused):
+            results.append(mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16))
+    for name, fused, five in zip(results[0]._fields, *results):
+        _same(fused, five, name)
+
+
+def test_a_workspace_serves_consecutive_passes(device, monkeypatch):
+    """A serving step's layers share one workspace: each pass opens a new generation of flags,
+    whose tickets start from 0 again."""
+    args, kw = mamba2_positional(mamba2_inputs(2, 40, **DIMS["small"], device=device))
+    kw.update(dt_softplus=True, capture=[(0, 5), (1, 16), (0, 40)])
+    want = mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16)
+    workspaces = []
+    new_workspace = tk.new_workspace
+    monkeypatch.setattr(tk, "new_workspace", lambda p, tables: workspaces[0] if workspaces else
+                        workspaces.append(new_workspace(p, tables)) or workspaces[0])
+    for _ in range(3):
+        got = mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16)
+        for name, u, v in zip(got._fields, got, want):
+            _same(u, v, name)
+    (ws,) = workspaces
+    assert ws.fused and int(ws.counters[0]) == 3, "three generations"
+    assert bool((ws.flags == 3).all()), "every flag raised by the last pass"
+
+
+@pytest.mark.gpu
+def test_at_a_layers_size_on_gpu():
+    """Mamba-2 2.7B's layer over 8192 tokens with captures: some 25000 programs, far more than the
+    GPU holds at once, waiting on one another's flags; against the five stages."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 8192, nheads=80, headdim=64, ngroups=1, dstate=128,
+                                               dtype=torch.bfloat16, device=torch.device("cuda")))
+    kw.update(dt_softplus=True, capture=[(0, 0), (0, 100), (0, 4096), (0, 5000), (0, 8192)])
+    results = []
+    for fused in (True, False):
+        with tk.fused_pass(fused):
+            results.append(mamba2_scan(*args, **kw, algorithm="chunked"))
+    for name, fused, five in zip(results[0]._fields, *results):
+        _same(fused, five, name)
