@@ -17,20 +17,12 @@ from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
 from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
 from test_chunked import captures_for
-# The chunked scan's tests, run here with the fused pass (the fixture below).
-from test_chunked import (test_all_options_against_float64, test_captures_leave_y_and_final_states_bitwise_unchanged,  # noqa: F401
-                          test_duplicate_and_unordered_captures_land_in_their_rows, test_inner_captures_of_16bit_passes,
-                          test_model_size_on_gpu, test_only_empty_sequences, test_variants,
-                          test_varlen_with_empty_and_one_token_sequences, test_warm_restore_matches_cold_run)
-from test_chunked_grid import (test_passes_on_the_absolute_grid_of_a_sequence_that_starts_off_it,  # noqa: F401
-                               test_real_tiles_split_at_the_default_chunk, test_split_at_a_grid_point_is_bit_identical,
-                               test_varlen_batch_of_sequences_resumed_at_different_grid_points)
 
 
 @pytest.fixture(autouse=True)
 def fused():
-    """Every pass of this module's tests allocates a fused pass's workspace (the tests imported
-    above run with it)."""
+    """Every pass of this module's tests allocates a fused pass's workspace (the chunked scan's
+    tests imported at the end run with it)."""
     with tk.fused_pass():
         yield
 
@@ -50,10 +42,25 @@ def _same(fused, five, what):
         assert_rel_close(fused, five, 1e-5 if fused.dtype == torch.float32 else 1e-3, what)
 
 
+@pytest.mark.gpu
+def test_at_a_layers_size_on_gpu():
+    """Mamba-2 2.7B's layer over 8192 tokens with captures: some 25000 programs, far more than the
+    GPU holds at once, waiting on one another's flags; against the five stages."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 8192, nheads=80, headdim=64, ngroups=1, dstate=128,
+                                               dtype=torch.bfloat16, device=torch.device("cuda")))
+    kw.update(dt_softplus=True, capture=[(0, 0), (0, 100), (0, 4096), (0, 5000), (0, 8192)])
+    results = []
+    for fused in (True, False):
+        with tk.fused_pass(fused):
+            results.append(mamba2_scan(*args, **kw, algorithm="chunked"))
+    for name, fused, five in zip(results[0]._fields, *results):
+        _same(fused, five, name)
+
+
 # Dims with several chunk-state programs (two P blocks) and several walk blocks (80 x 32 state
 # elements: two of 2048) a head.
-DIMS = {"small": dict(nheads=4, headdim=16, ngroups=2, dstate=16), "two_blocks": dict(nheads=2, headdim=80, ngroups=1,
-                                                                                      dstate=32)}
+DIMS = {"small": dict(nheads=4, headdim=16, ngroups=2, dstate=16),
+        "two_blocks": dict(nheads=2, headdim=80, ngroups=1, dstate=32)}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -91,16 +98,12 @@ def test_a_workspace_serves_consecutive_passes(device, monkeypatch):
     assert bool((ws.flags == 3).all()), "every flag raised by the last pass"
 
 
-@pytest.mark.gpu
-def test_at_a_layers_size_on_gpu():
-    """Mamba-2 2.7B's layer over 8192 tokens with captures: some 25000 programs, far more than the
-    GPU holds at once, waiting on one another's flags; against the five stages."""
-    args, kw = mamba2_positional(mamba2_inputs(1, 8192, nheads=80, headdim=64, ngroups=1, dstate=128,
-                                               dtype=torch.bfloat16, device=torch.device("cuda")))
-    kw.update(dt_softplus=True, capture=[(0, 0), (0, 100), (0, 4096), (0, 5000), (0, 8192)])
-    results = []
-    for fused in (True, False):
-        with tk.fused_pass(fused):
-            results.append(mamba2_scan(*args, **kw, algorithm="chunked"))
-    for name, fused, five in zip(results[0]._fields, *results):
-        _same(fused, five, name)
+# The chunked scan's tests, run here with the fused pass (the fixture above), after this module's
+# own (a GPU run cut short has run those first).
+from test_chunked import (test_all_options_against_float64, test_captures_leave_y_and_final_states_bitwise_unchanged,  # noqa: E402,F401,E501
+                          test_duplicate_and_unordered_captures_land_in_their_rows, test_inner_captures_of_16bit_passes,
+                          test_model_size_on_gpu, test_only_empty_sequences, test_variants,
+                          test_varlen_with_empty_and_one_token_sequences, test_warm_restore_matches_cold_run)
+from test_chunked_grid import (test_passes_on_the_absolute_grid_of_a_sequence_that_starts_off_it,  # noqa: E402,F401
+                               test_real_tiles_split_at_the_default_chunk, test_split_at_a_grid_point_is_bit_identical,
+                               test_varlen_batch_of_sequences_resumed_at_different_grid_points)
