@@ -35,6 +35,11 @@ out (chunk or capture, head or group, ...):
    row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
    costs a multiply instead of an exp; the diagonal block takes one exp per element.
 
+The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 3, 4 and 5 in one launch
+(_fused_pass_kernel, stage3to5_fused) with the same program functions as their kernels: its
+programs take tickets in chunk order and wait on one another's flags, the walk a chunk at a time
+(docs/chunked.md, "The fused pass").
+
 The capture work writes only its own buffers, and the walk's extra steps for a chunk's further
 captures leave its state as it is, so captures cannot change a bit of y or of the final states;
 and every kernel is the same binary with or without captures (their tables are passed either way,
