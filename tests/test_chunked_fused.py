@@ -9,6 +9,10 @@ contract a multiply and an add differently). The tests re-run here keep its own 
 accuracy against float64, varlen with empty and 1-token sequences, captures anywhere that change
 no bit of y or the final states, passes resumed at a chunk-grid point bit-identical to one pass.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -55,6 +59,13 @@ def test_at_a_layers_size_on_gpu():
             results.append(mamba2_scan(*args, **kw, algorithm="chunked"))
     for name, fused, five in zip(results[0]._fields, *results):
         _same(fused, five, name)
+
+
+def test_a_bad_setting_is_refused():
+    env = dict(os.environ, SSM_KERNELS_FUSED_SSD="yes", TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", "import ssm_kernels"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode != 0 and "SSM_KERNELS_FUSED_SSD must be 0 or 1, got 'yes'" in run.stderr
 
 
 # Dims with several chunk-state programs (two P blocks) and several walk blocks (80 x 32 state

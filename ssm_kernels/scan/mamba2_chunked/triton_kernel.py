@@ -817,7 +817,14 @@ FUSED_STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3to5_fused)
 # The fused pass (stages 3 to 5 in one launch) in place of the five stages: opt-in
 # (SSM_KERNELS_FUSED_SSD=1, or fused_pass()) until a GPU has measured it against them. A workspace
 # is made for one or the other when it is allocated (new_workspace).
-FUSED_PASS = os.environ.get("SSM_KERNELS_FUSED_SSD", "0") == "1"
+def _fused_pass_setting() -> bool:
+    value = os.environ.get("SSM_KERNELS_FUSED_SSD", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"SSM_KERNELS_FUSED_SSD must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+FUSED_PASS = _fused_pass_setting()
 
 
 @contextlib.contextmanager
