@@ -392,9 +392,9 @@ class ScanBench:
                 inp = self.inputs(shape, seqlen)
                 first, second = self.halves(shape, inp, split)
                 for backend, label, interp in self.cfg.backends(shape):
+                    if (interp and seqlen > self.cfg.interp_seqlen) or split == 0:
+                        continue
                     for alg in [alg for alg in self.algs_on(shape, backend) if alg != "recurrent"]:
-                        if (interp and seqlen > self.cfg.interp_seqlen) or split == 0:
-                            continue
                         row = dict(section="grid_split", model=shape.name, backend=label,
                                    algorithm=self.alg_label(alg), seqlen=seqlen, batch="1", split=split)
                         (t1, r1, e1), (t2, r2, e2) = self.one_and_two_passes(

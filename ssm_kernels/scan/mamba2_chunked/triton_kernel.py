@@ -458,7 +458,6 @@ def _chunk_output_program(i_c, i_h, i_mp, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=tl.where(live, m_mp, False))
 
 
-
 @triton.jit
 def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
                          slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
@@ -493,11 +492,11 @@ def _raise(flag_ptr, counters_ptr):
     tl.atomic_xchg(flag_ptr, tl.load(counters_ptr), sem="release")
 
 
-@triton.jit(do_not_specialize=["nchunks", "ninner", "nempty"])
+@triton.jit(do_not_specialize=["nchunks", "ninner"])
 def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, decay_ptr, cb_ptr, states_ptr,
                        partial_ptr, start_ptr, chunks_ptr, inner_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr,
                        end_entries_ptr, capture_rows_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr,
-                       captured_ptr, counters_ptr, flags_ptr, nchunks, ninner, nempty, skip_slot,
+                       captured_ptr, counters_ptr, flags_ptr, nchunks, ninner, skip_slot,
                        headdim, dstate, nheads, heads_per_group, n_nblocks, n_pblocks,
                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
                        s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
@@ -612,6 +611,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                    HAS_INITIAL_STATE, PASS_BLOCK)
             _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h,
                          s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
+
 
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 # The matmul dtype of each input dtype. float16 multiplies in bfloat16: C B^T and the chunk-start
@@ -802,7 +802,7 @@ def stage3to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         ptr_or(ws.partial, ws.start), ws.start, tables.chunks, ptr_or(tables.inner, stand_in), tables.steps,
         tables.chunk_steps, tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
         ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in), ptr_or(p.has_initial, stand_in), out,
-        ptr_or(captured, out), ws.counters, ws.flags, nchunks, ninner, nempty,
+        ptr_or(captured, out), ws.counters, ws.flags, nchunks, ninner,
         0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, nheads // ngroups,
         triton.cdiv(dstate, cfg["BLOCK_N"]), triton.cdiv(headdim, cfg["BLOCK_P"]),
         *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
