@@ -1,5 +1,5 @@
-"""The fused chunked pass (mamba2_scan(algorithm="chunked")'s stages 3 to 5 in one launch,
-triton_kernel.stage3to5_fused, opt-in): the chunked scan's own tests run again with it on, and
+"""The fused chunked pass (mamba2_scan(algorithm="chunked")'s stages 2 to 5 in one launch,
+triton_kernel.stage2to5_fused, opt-in): the chunked scan's own tests run again with it on, and
 its results against the five stages'.
 
 It runs the five stages' operations, so under the interpreter (one program after another, in
@@ -59,6 +59,17 @@ def test_at_a_layers_size_on_gpu():
             results.append(mamba2_scan(*args, **kw, algorithm="chunked"))
     for name, fused, five in zip(results[0]._fields, *results):
         _same(fused, five, name)
+
+
+def test_two_launches(device, monkeypatch):
+    """The fused pass is two launches: stage 1 and the rest, captures inside a chunk included."""
+    launched = []
+    monkeypatch.setattr(tk, "launch", lambda kernel, grid, *args, **kw: launched.append(kernel.__name__) or
+                        kernel[grid](*args, **kw))
+    args, kw = mamba2_positional(mamba2_inputs(1, 40, **DIMS["small"], device=device))
+    mamba2_scan(*args, **kw, capture=[(0, 5), (0, 16), (0, 40)], backend="triton", algorithm="chunked",
+                chunk_size=16)
+    assert launched == ["_dt_cumsum_kernel", "_fused_pass_kernel"]
 
 
 def test_a_bad_setting_is_refused():

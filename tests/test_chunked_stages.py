@@ -151,23 +151,27 @@ def test_stage5_chunk_output(case, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_stages_3_to_5_fused(case, dtype, device):
-    """The fused pass (stages 3 to 5 in one launch) writes what the three stages write, and every
+def test_stages_2_to_5_fused(case, dtype, device):
+    """The fused pass (stages 2 to 5 in one launch) writes what the four stages write, and every
     one of its programs took its ticket and raised its flags to the pass's generation."""
     with tk.fused_pass():
-        run, ws = run_stage(tk.stage3to5_fused, case, dtype, device, "dt", "cs", "decay", "cb")
+        run, ws = run_stage(tk.stage2to5_fused, case, dtype, device, "dt", "cs", "decay")
     want = run.want
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()
+    assert_rel_close(torch.where(causal, ws.cb, 0.0), torch.where(causal, want.cb, 0.0), run.mm_tol, "C B^T")
     assert_rel_close(ws.start, want.start, run.mm_tol, "chunk-start states")
     assert_rel_close(run.p.state_out, want.final, run.mm_tol, "final states")  # from its own chunk states
     assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")
     assert_rel_close(run.p.y, want.y, run.mm_tol, "y")
-    nheads, headdim, dstate, _ = run.p.dims
+    nheads, headdim, dstate, ngroups = run.p.dims
     tables = run.tables
-    n_pn, n_pass, n_mp = tk._fused_counts(ws.cfg, headdim, dstate, CHUNK)
-    ninner, nempty = tables.inner.shape[0], tables.nrows - tables.nchunks
-    programs = nheads * (ninner * n_pn + (tables.nchunks + 2) * (n_pn + n_pass + n_mp) + nempty * n_pass)
+    counts = tk.fused_counts(ws.cfg, headdim, dstate, CHUNK)
+    ninner, nempty, nm = tables.inner.shape[0], tables.nrows - tables.nchunks, CHUNK // ws.cfg["BLOCK_M"]
+    per_chunk = nheads * (counts.n_pn + counts.n_pass + counts.n_mp) + ngroups * nm * nm
+    programs = nheads * (ninner * counts.n_pn + nempty * counts.n_pass) + (tables.nchunks + 2) * per_chunk
     assert ws.counters.tolist() == [1, programs], "(generation, tickets taken)"
-    assert ws.flags.numel() == nheads * ((tables.nchunks + ninner) * n_pn + tables.nchunks * n_pass)
+    assert ws.flags.numel() == nheads * ((tables.nchunks + ninner) * counts.n_pn + tables.nchunks * counts.n_pass) \
+        + tables.nchunks * ngroups * nm * nm
     assert bool((ws.flags == 1).all()), "a flag that its program never raised"
 
 

@@ -35,8 +35,8 @@ out (chunk or capture, head or group, ...):
    row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
    costs a multiply instead of an exp; the diagonal block takes one exp per element.
 
-The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 3, 4 and 5 in one launch
-(_fused_pass_kernel, stage3to5_fused) with the same program functions as their kernels: its
+The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 2 to 5 in one launch
+(_fused_pass_kernel, stage2to5_fused) with the same program functions as their kernels: its
 programs take tickets in chunk order and wait on one another's flags, the walk a chunk at a time
 (docs/chunked.md, "The fused pass").
 
@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -194,13 +195,10 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
 
 
 @triton.jit
-def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
-                     s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    i_c = tl.program_id(0).to(tl.int64) // ngroups
-    i_g = tl.program_id(0).to(tl.int64) % ngroups
-    i_m = tl.program_id(1)
-    i_k = tl.program_id(2)
+def _chunk_cb_program(i_c, i_g, i_m, i_k, B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
+                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
+                      CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Stage 2's program for chunk i_c, group i_g and block (i_m, i_k) of C B^T."""
     if i_k <= i_m:  # blocks above the diagonal are never read
         i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -221,6 +219,15 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
         acc = tl.where((o_m[:, None] >= o_k[None, :]) | (i_k < i_m), acc, 0.0)
         p_cb = cb_ptr + (i_c * ngroups + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK + o_k[None, :]
         tl.store(p_cb, cast_for_store(acc, p_cb.dtype.element_ty))
+
+
+@triton.jit
+def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
+                     s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
+                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    _chunk_cb_program(tl.program_id(0).to(tl.int64) // ngroups, tl.program_id(0).to(tl.int64) % ngroups,
+                      tl.program_id(1), tl.program_id(2), B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
+                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
 
 
 @triton.jit
@@ -507,29 +514,35 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
                        N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Stages 3, 4 and 5 in one launch (stage3to5_fused). A program takes a ticket and runs the
-    work it names, after waiting on the flags of the programs it reads from, all of which took
-    earlier tickets and so are running or done: no program waits on one that may never start.
+    """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
+    it names, after waiting on the flags of the programs it reads from, all of which took earlier
+    tickets and so are running or done: no program waits on one that may never start.
 
     Tickets: first the inner captures' partials (stage 3's rows past the chunks); then groups of
-    (nheads x N_PN) chunk-state, (nheads x N_PASS) walk and (nheads x N_MP) output programs,
-    group g holding chunk g's chunk states, chunk g-1's walk and chunk g-2's output, so that what
-    a program waits on was mostly done a group before; last, the final states of the empty
-    sequences. The walk of a chunk takes the state its sequence's previous chunk left in that
+    (nheads x N_PN) chunk-state, (nheads x N_PASS) walk, (nheads x N_MP) output and (ngroups x
+    N_CB) C B^T programs, group g holding chunk g's chunk states and C B^T, chunk g-1's walk and
+    chunk g-2's output, so that what a program waits on was mostly done a group before; last, the
+    final states of the empty sequences. The walk of a chunk takes the state its sequence's previous chunk left in that
     chunk's `states` row (its own contribution, which only the walk of that chunk reads, is spent
     by then), runs the chunk's steps of ChunkTables.steps as stage 4 runs them, and leaves its end
     state in its own row. Flags (counters_ptr[0], this pass's generation, which stage 1 advanced):
-    a chunk state, a partial and a walk block each raise their own."""
+    a chunk state, a partial, a walk block and a C B^T block each raise their own."""
     t = tl.atomic_add(counters_ptr + 1, 1)
     size = headdim * dstate
+    NM: tl.constexpr = CHUNK // BLOCK_M  # C B^T blocks of a chunk along each side
+    ngroups = nheads // heads_per_group
     n_state = nheads * N_PN
     n_walk = nheads * N_PASS
-    group = n_state + n_walk + nheads * N_MP
+    n_out = nheads * N_MP
+    n_cb = ngroups * NM * NM
+    group = n_state + n_walk + n_out + n_cb
     n_partial = ninner * n_state
     # Flags: (nchunks, nheads, N_PN) chunk states, (nchunks, nheads, N_PASS) walk blocks, (ninner,
-    # nheads, N_PN) partials. Tickets and flags' indices fit int32; state offsets are int64.
+    # nheads, N_PN) partials, (nchunks, ngroups, NM, NM) C B^T blocks (those above the diagonal
+    # unused). Tickets and flags' indices fit int32; state offsets are int64.
     p_walk_flags = flags_ptr + nchunks * n_state
     p_partial_flags = p_walk_flags + nchunks * n_walk
+    p_cb_flags = p_partial_flags + ninner * n_state
     if t < n_partial:  # the partial of inner capture t // n_state: stage 3's row past the chunks
         _chunk_state_program((nchunks + t // n_state).to(tl.int64), ((t % n_state) // N_PN).to(tl.int64), t % N_PN,
                              x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
@@ -585,11 +598,15 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                      skip_slot, HAS_SKIP)
                 tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
                 _raise(p_walk_flags + f_c * N_PASS + i_blk, counters_ptr)
-        else:
-            if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state is written
+        elif r < n_state + n_walk + n_out:
+            if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state and C B^T are written
                 f_c = (g - 2) * nheads + (r - n_state - n_walk) // N_MP
                 for k in range(N_PASS):
                     _wait(p_walk_flags + f_c * N_PASS + k, counters_ptr)
+                i_m = (r - n_state - n_walk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
+                p_row_flags = p_cb_flags + (((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m) * NM
+                for k in range(i_m + 1):
+                    _wait(p_row_flags + k, counters_ptr)
                 _chunk_output_program((g - 2).to(tl.int64), ((r - n_state - n_walk) // N_MP).to(tl.int64),
                                       (r - n_state - n_walk) % N_MP, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       chunks_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads,
@@ -597,6 +614,14 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       s_C_n, s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                                       HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D,
                                       DOT_DTYPE)
+        else:
+            if g < nchunks:  # chunk g's C B^T, a block of a group's
+                r_cb = r - n_state - n_walk - n_out
+                i_mk = r_cb % (NM * NM)
+                _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
+                                  C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
+                                  s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
+                _raise(p_cb_flags + g * n_cb + r_cb, counters_ptr)
     else:  # an empty sequence's final state: its initial state
         r = t - n_partial - (nchunks + 2) * group
         i_row = (nchunks + r // n_walk).to(tl.int64)  # its row of ChunkTables.chunks
@@ -656,7 +681,7 @@ class Workspace:
     states: torch.Tensor  # (nchunks, nheads, headdim, dstate) float32: each chunk's own contribution (stage 3)
     partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
     start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
-    # The fused pass's (stage3to5_fused), None for the five stages: its generation and next ticket
+    # The fused pass's (stage2to5_fused), None for the five stages: its generation and next ticket
     # (int32, advanced and reset by stage 1), and its flags (int32, zeros until a generation's).
     counters: torch.Tensor | None = None
     flags: torch.Tensor | None = None
@@ -684,10 +709,9 @@ def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
     counters = flags = None
     if FUSED_PASS:
-        n_pn, n_pass, _ = _fused_counts(cfg, headdim, dstate, chunk)
         counters = torch.zeros(2, dtype=torch.int32, device=p.x.device)
-        flags = torch.zeros((nchunks + ninner) * nheads * n_pn + nchunks * nheads * n_pass, dtype=torch.int32,
-                            device=p.x.device)
+        flags = torch.zeros(fused_counts(cfg, headdim, dstate, chunk).flags(nheads, ngroups, nchunks, ninner),
+                            dtype=torch.int32, device=p.x.device)
     return Workspace(
         cfg, torch.empty(nchunks, nheads, chunk, **f32),
         torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
@@ -777,17 +801,34 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
         BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
 
 
-def _fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> tuple[int, int, int]:
-    """Programs a head of a chunk takes in the fused pass: (chunk state, walk, output)."""
-    n_pblocks = triton.cdiv(headdim, cfg["BLOCK_P"])
-    return (n_pblocks * triton.cdiv(dstate, cfg["BLOCK_N"]), triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]),
-            chunk // cfg["BLOCK_M"] * n_pblocks)
+class FusedCounts(NamedTuple):
+    """Programs of the fused pass (_fused_pass_kernel) for a chunk: per head, and per group."""
+
+    n_pn: int  # chunk-state (and partial) programs of a head: P x N blocks
+    n_pass: int  # walk programs of a head: PASS_BLOCK blocks of its state
+    n_mp: int  # output programs of a head: M x P blocks
+    n_cb: int  # C B^T programs of a group: (chunk / BLOCK_M)^2 blocks, those above the diagonal idle
+
+    def programs(self, nheads: int, ngroups: int, nchunks: int, ninner: int, nempty: int) -> int:
+        """Tickets of a pass (the kernel's docstring orders them)."""
+        per_chunk = nheads * (self.n_pn + self.n_pass + self.n_mp) + ngroups * self.n_cb
+        return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 2) * per_chunk
+
+    def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
+        """Flags of a pass: one per chunk state, partial, walk block and C B^T block."""
+        return nheads * ((nchunks + ninner) * self.n_pn + nchunks * self.n_pass) + nchunks * ngroups * self.n_cb
 
 
-def stage3to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
-    """Stages 3, 4 and 5 in one launch (_fused_pass_kernel): what they write, from ws.dt, ws.cs,
-    ws.decay and ws.cb (stages 1 and 2, stage 1 having opened the pass's generation). Without
-    chunks (empty sequences only) stage 4 alone, as the five stages run it."""
+def fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> FusedCounts:
+    n_pblocks, nm = triton.cdiv(headdim, cfg["BLOCK_P"]), chunk // cfg["BLOCK_M"]
+    return FusedCounts(n_pblocks * triton.cdiv(dstate, cfg["BLOCK_N"]),
+                       triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]), nm * n_pblocks, nm * nm)
+
+
+def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
+    """Stages 2 to 5 in one launch (_fused_pass_kernel): what they write, from ws.dt, ws.cs and
+    ws.decay (stage 1, which also opened the pass's generation). Without chunks (empty sequences
+    only) stage 4 alone, as the five stages run it."""
     nheads, headdim, dstate, ngroups = p.dims
     if not tables.nchunks:
         stage4_state_passing(p, tables, ws)
@@ -795,8 +836,8 @@ def stage3to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     chunk, nchunks, ninner, nempty = tables.chunk_size, tables.nchunks, tables.inner.shape[0], \
         tables.nrows - tables.nchunks
     cfg, out, captured, stand_in = ws.cfg, p.state_out, p.captured, tables.chunks
-    n_pn, n_pass, n_mp = _fused_counts(cfg, headdim, dstate, chunk)
-    programs = nheads * (ninner * n_pn + (nchunks + 2) * (n_pn + n_pass + n_mp) + nempty * n_pass)
+    counts = fused_counts(cfg, headdim, dstate, chunk)
+    programs = counts.programs(nheads, ngroups, nchunks, ninner, nempty)
     launch(_fused_pass_kernel, (programs,),
         p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, ws.decay, ws.cb, ws.states,
         ptr_or(ws.partial, ws.start), ws.start, tables.chunks, ptr_or(tables.inner, stand_in), tables.steps,
@@ -809,12 +850,12 @@ def stage3to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
         **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], PASS_BLOCK=cfg["PASS_BLOCK"],
-        N_PN=n_pn, N_PASS=n_pass, N_MP=n_mp, **ws.dot, **cfg["output"])
+        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
 
 STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
-FUSED_STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3to5_fused)
-# The fused pass (stages 3 to 5 in one launch) in place of the five stages: opt-in
+FUSED_STAGES = (stage1_dt_cumsum, stage2to5_fused)
+# The fused pass (stages 2 to 5 in one launch) in place of the five stages: opt-in
 # (SSM_KERNELS_FUSED_SSD=1, or fused_pass()) until a GPU has measured it against them. A workspace
 # is made for one or the other when it is allocated (new_workspace).
 def _fused_pass_setting() -> bool:
