@@ -57,7 +57,7 @@ def failed(*errors) -> dict:
 def algorithms(fn) -> list[str]:
     """The algorithms to measure for `fn`: "recurrent", plus "chunked" when `fn` takes an
     `algorithm` keyword and the library has it ("auto" runs one of the two), and for mamba2_scan
-    "fused" (chunked, its stages 3 to 5 fused into one launch) where the library has that."""
+    "fused" (chunked, its stages 2 to 5 fused into one launch) where the library has that."""
     if "algorithm" not in inspect.signature(fn).parameters or "chunked" not in ALGORITHMS:
         return ["recurrent"]
     return ["recurrent", "chunked"] + (["fused"] if fn is ssm_kernels.mamba2_scan and fused_pass else [])

@@ -57,7 +57,7 @@ def representative_calls() -> None:
             for algorithm, chunk in (("recurrent", None), ("chunked", 16), ("chunked", 256)):
                 mamba2_scan(x, dt, A, B, C, backend="triton", algorithm=algorithm, chunk_size=chunk)
                 mamba2_scan(x, dt, A, B, C, **full, backend="triton", algorithm=algorithm, chunk_size=chunk)
-                if algorithm == "chunked":  # the fused pass in place of stages 3 to 5, every option on
+                if algorithm == "chunked":  # the fused pass in place of stages 2 to 5, every option on
                     with fused_pass():
                         mamba2_scan(x, dt, A, B, C, **full, backend="triton", algorithm=algorithm, chunk_size=chunk)
             for state_dtype in (torch.float32, torch.bfloat16):

@@ -61,6 +61,7 @@ partial's), within the 1e-2 of every 16-bit result.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -482,11 +483,16 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
 
 
 @triton.jit
-def _wait(flag_ptr, counters_ptr):
-    """Until the flag holds this pass's generation (counters_ptr[0]). The read acquires: what the
-    flag's program stored before raising it is visible after."""
+def _wait(first_ptr, n_first, second_ptr, n_second, counters_ptr, WIDTH: tl.constexpr):
+    """Until flags first_ptr[0:n_first) and second_ptr[0:n_second) (n_first + n_second <= WIDTH)
+    all hold this pass's generation (counters_ptr[0]), polled together: a poll is one round trip
+    to memory however many flags. The reads acquire: what the flags' programs stored before
+    raising them is visible after."""
     generation = tl.load(counters_ptr)
-    while tl.atomic_add(flag_ptr, 0, sem="acquire") != generation:
+    o = tl.arange(0, WIDTH)
+    wanted = o < n_first + n_second
+    p_flags = tl.where(o < n_first, first_ptr + o, second_ptr + (o - n_first))
+    while tl.sum((wanted & (tl.atomic_add(p_flags, 0, mask=wanted, sem="acquire") != generation)).to(tl.int32)) > 0:
         pass
 
 
@@ -513,7 +519,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
-                       N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                       N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, WAIT_WIDTH: tl.constexpr,
+                       DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
     tickets and so are running or done: no program waits on one that may never start.
@@ -575,18 +582,17 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 t_end = tl.load(chunk_steps_ptr + i_c + 1)
                 # What the walk reads: the chunk's own contribution, its inner captures' partials
                 # and the state before it (its sequence's initial state, or the previous chunk's end).
-                for k in range(N_PN):
-                    _wait(flags_ptr + f_c * N_PN + k, counters_ptr)
+                _wait(flags_ptr + f_c * N_PN, N_PN, p_walk_flags + (f_c - nheads) * N_PASS + i_blk,
+                      tl.where(index == 0, 0, 1), counters_ptr, WAIT_WIDTH)
                 for step in range(t_begin, t_end):
                     i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
                     if i_r >= 0:
-                        for k in range(N_PN):
-                            _wait(p_partial_flags + (i_r * nheads + i_h) * N_PN + k, counters_ptr)
+                        p_part_flags = p_partial_flags + (i_r * nheads + i_h) * N_PN
+                        _wait(p_part_flags, N_PN, p_part_flags, 0, counters_ptr, WAIT_WIDTH)
                 if index == 0:
                     state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p,
                                            s_in_n, HAS_INITIAL_STATE, PASS_BLOCK)
                 else:
-                    _wait(p_walk_flags + (f_c - nheads) * N_PASS + i_blk, counters_ptr)
                     state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
                 if live:
                     state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
@@ -601,12 +607,9 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
         elif r < n_state + n_walk + n_out:
             if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state and C B^T are written
                 f_c = (g - 2) * nheads + (r - n_state - n_walk) // N_MP
-                for k in range(N_PASS):
-                    _wait(p_walk_flags + f_c * N_PASS + k, counters_ptr)
                 i_m = (r - n_state - n_walk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
                 p_row_flags = p_cb_flags + (((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m) * NM
-                for k in range(i_m + 1):
-                    _wait(p_row_flags + k, counters_ptr)
+                _wait(p_walk_flags + f_c * N_PASS, N_PASS, p_row_flags, i_m + 1, counters_ptr, WAIT_WIDTH)
                 _chunk_output_program((g - 2).to(tl.int64), ((r - n_state - n_walk) // N_MP).to(tl.int64),
                                       (r - n_state - n_walk) % N_MP, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       chunks_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads,
@@ -814,6 +817,11 @@ class FusedCounts(NamedTuple):
         per_chunk = nheads * (self.n_pn + self.n_pass + self.n_mp) + ngroups * self.n_cb
         return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 2) * per_chunk
 
+    @property
+    def wait_width(self) -> int:
+        """Flags a program polls at once, at most: an output program's walk blocks and C B^T row."""
+        return triton.next_power_of_2(max(self.n_pn + 1, self.n_pass + math.isqrt(self.n_cb)))
+
     def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
         """Flags of a pass: one per chunk state, partial, walk block and C B^T block."""
         return nheads * ((nchunks + ninner) * self.n_pn + nchunks * self.n_pass) + nchunks * ngroups * self.n_cb
@@ -850,7 +858,8 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
         **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], PASS_BLOCK=cfg["PASS_BLOCK"],
-        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
+        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, WAIT_WIDTH=counts.wait_width, **ws.dot,
+        **cfg["output"])
 
 
 STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
