@@ -483,12 +483,11 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
 
 
 @triton.jit
-def _wait(first_ptr, n_first, second_ptr, n_second, counters_ptr, WIDTH: tl.constexpr):
+def _wait(first_ptr, n_first, second_ptr, n_second, generation, WIDTH: tl.constexpr):
     """Until flags first_ptr[0:n_first) and second_ptr[0:n_second) (n_first + n_second <= WIDTH)
-    all hold this pass's generation (counters_ptr[0]), polled together: a poll is one round trip
-    to memory however many flags. The reads acquire: what the flags' programs stored before
-    raising them is visible after."""
-    generation = tl.load(counters_ptr)
+    all hold this pass's generation, polled together: a poll is one round trip to memory however
+    many flags. The reads acquire: what the flags' programs stored before raising them is visible
+    after."""
     o = tl.arange(0, WIDTH)
     wanted = o < n_first + n_second
     p_flags = tl.where(o < n_first, first_ptr + o, second_ptr + (o - n_first))
@@ -497,12 +496,11 @@ def _wait(first_ptr, n_first, second_ptr, n_second, counters_ptr, WIDTH: tl.cons
 
 
 @triton.jit
-def _raise(flag_ptr, counters_ptr):
-    """The flag to this pass's generation, once every thread's stores are issued (the write
-    releases). The generation is read here, not kept from the program's start: a register less
-    through the program's work."""
+def _raise(flag_ptr):
+    """The flag up by one, to this pass's generation (each flag is raised once a pass), once every
+    thread's stores are issued (the addition releases): no read of the generation first."""
     tl.debug_barrier()
-    tl.atomic_xchg(flag_ptr, tl.load(counters_ptr), sem="release")
+    tl.atomic_add(flag_ptr, 1, sem="release")
 
 
 @triton.jit(do_not_specialize=["nchunks", "ninner"])
@@ -532,9 +530,13 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     final states of the empty sequences. The walk of a chunk takes the state its sequence's previous chunk left in that
     chunk's `states` row (its own contribution, which only the walk of that chunk reads, is spent
     by then), runs the chunk's steps of ChunkTables.steps as stage 4 runs them, and leaves its end
-    state in its own row. Flags (counters_ptr[0], this pass's generation, which stage 1 advanced):
-    a chunk state, a partial, a walk block and a C B^T block each raise their own."""
-    t = tl.atomic_add(counters_ptr + 1, 1)
+    state in its own row. Flags: a chunk state, a partial, a walk block and a C B^T block each
+    raise their own by one, once a pass, so that a raised flag holds the pass's generation
+    (counters_ptr[0], which stage 1 advanced)."""
+    # The ticket orders work and publishes nothing (the flags do): a relaxed addition. The
+    # generation is requested with it.
+    t = tl.atomic_add(counters_ptr + 1, 1, sem="relaxed")
+    generation = tl.load(counters_ptr)
     size = headdim * dstate
     NM: tl.constexpr = CHUNK // BLOCK_M  # C B^T blocks of a chunk along each side
     ngroups = nheads // heads_per_group
@@ -555,7 +557,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                              x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
                              headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                              s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-        _raise(p_partial_flags + t, counters_ptr)
+        _raise(p_partial_flags + t)
     elif t < n_partial + (nchunks + 2) * group:
         g = (t - n_partial) // group
         r = (t - n_partial) % group
@@ -565,7 +567,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                      cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, headdim, dstate,
                                      nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-                _raise(flags_ptr + g * n_state + r, counters_ptr)
+                _raise(flags_ptr + g * n_state + r)
         elif r < n_state + n_walk:
             if (g >= 1) & (g <= nchunks):  # chunk g-1's walk, a block of its state
                 i_blk = (r - n_state) % N_PASS
@@ -583,12 +585,12 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 # What the walk reads: the chunk's own contribution, its inner captures' partials
                 # and the state before it (its sequence's initial state, or the previous chunk's end).
                 _wait(flags_ptr + f_c * N_PN, N_PN, p_walk_flags + (f_c - nheads) * N_PASS + i_blk,
-                      tl.where(index == 0, 0, 1), counters_ptr, WAIT_WIDTH)
+                      tl.where(index == 0, 0, 1), generation, WAIT_WIDTH)
                 for step in range(t_begin, t_end):
                     i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
                     if i_r >= 0:
                         p_part_flags = p_partial_flags + (i_r * nheads + i_h) * N_PN
-                        _wait(p_part_flags, N_PN, p_part_flags, 0, counters_ptr, WAIT_WIDTH)
+                        _wait(p_part_flags, N_PN, p_part_flags, 0, generation, WAIT_WIDTH)
                 if index == 0:
                     state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p,
                                            s_in_n, HAS_INITIAL_STATE, PASS_BLOCK)
@@ -603,13 +605,13 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                      s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
                                      skip_slot, HAS_SKIP)
                 tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
-                _raise(p_walk_flags + f_c * N_PASS + i_blk, counters_ptr)
+                _raise(p_walk_flags + f_c * N_PASS + i_blk)
         elif r < n_state + n_walk + n_out:
             if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state and C B^T are written
                 f_c = (g - 2) * nheads + (r - n_state - n_walk) // N_MP
                 i_m = (r - n_state - n_walk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
                 p_row_flags = p_cb_flags + (((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m) * NM
-                _wait(p_walk_flags + f_c * N_PASS, N_PASS, p_row_flags, i_m + 1, counters_ptr, WAIT_WIDTH)
+                _wait(p_walk_flags + f_c * N_PASS, N_PASS, p_row_flags, i_m + 1, generation, WAIT_WIDTH)
                 _chunk_output_program((g - 2).to(tl.int64), ((r - n_state - n_walk) // N_MP).to(tl.int64),
                                       (r - n_state - n_walk) % N_MP, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       chunks_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads,
@@ -624,7 +626,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
                                   C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
                                   s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
-                _raise(p_cb_flags + g * n_cb + r_cb, counters_ptr)
+                _raise(p_cb_flags + g * n_cb + r_cb)
     else:  # an empty sequence's final state: its initial state
         r = t - n_partial - (nchunks + 2) * group
         i_row = (nchunks + r // n_walk).to(tl.int64)  # its row of ChunkTables.chunks
