@@ -107,17 +107,25 @@ def test_a_workspace_serves_consecutive_passes(device, monkeypatch):
     args, kw = mamba2_positional(mamba2_inputs(2, 40, **DIMS["small"], device=device))
     kw.update(dt_softplus=True, capture=[(0, 5), (1, 16), (0, 40)])
     want = mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16)
-    workspaces = []
+    workspaces, calls = [], []
     new_workspace = tk.new_workspace
-    monkeypatch.setattr(tk, "new_workspace", lambda p, tables: workspaces[0] if workspaces else
-                        workspaces.append(new_workspace(p, tables)) or workspaces[0])
+
+    def shared(p, tables):
+        calls.append((p, tables))
+        if not workspaces:
+            workspaces.append(new_workspace(p, tables))
+        return workspaces[0]
+
+    monkeypatch.setattr(tk, "new_workspace", shared)
     for _ in range(3):
         got = mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16)
         for name, u, v in zip(got._fields, got, want):
             _same(u, v, name)
     (ws,) = workspaces
     assert ws.fused and int(ws.counters[0]) == 3, "three generations"
-    assert bool((ws.flags == 3).all()), "every flag raised by the last pass"
+    once = new_workspace(*calls[-1])  # one pass on a fresh workspace: each flag at its producers' count
+    tk.run_chunked_triton(*calls[-1], once)
+    assert bool((once.flags > 0).all()) and torch.equal(ws.flags, 3 * once.flags), "every flag raised by each pass"
 
 
 # The chunked scan's tests, run here with the fused pass (the fixture above), after this module's

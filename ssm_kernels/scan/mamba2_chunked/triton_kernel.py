@@ -483,22 +483,19 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
 
 
 @triton.jit
-def _wait(first_ptr, n_first, second_ptr, n_second, generation, WIDTH: tl.constexpr):
-    """Until flags first_ptr[0:n_first) and second_ptr[0:n_second) (n_first + n_second <= WIDTH)
-    all hold this pass's generation, polled together: a poll is one round trip to memory however
-    many flags. The reads acquire: what the flags' programs stored before raising them is visible
-    after."""
-    o = tl.arange(0, WIDTH)
-    wanted = o < n_first + n_second
-    p_flags = tl.where(o < n_first, first_ptr + o, second_ptr + (o - n_first))
-    while tl.sum((wanted & (tl.atomic_add(p_flags, 0, mask=wanted, sem="acquire") != generation)).to(tl.int32)) > 0:
+def _wait(flag_ptr, producers, counters_ptr):
+    """Until every one of the flag's producers has raised it this pass: until it reaches the
+    pass's generation (counters_ptr[0]) x producers. The read acquires: what they stored before
+    raising it is visible after. The generation is read here, not kept from the program's start:
+    a register less through the program's work."""
+    target = tl.load(counters_ptr) * producers
+    while tl.atomic_add(flag_ptr, 0, sem="acquire") < target:
         pass
 
 
 @triton.jit
 def _raise(flag_ptr):
-    """The flag up by one, to this pass's generation (each flag is raised once a pass), once every
-    thread's stores are issued (the addition releases): no read of the generation first."""
+    """The flag up by one once every thread's stores are issued (the addition releases)."""
     tl.debug_barrier()
     tl.atomic_add(flag_ptr, 1, sem="release")
 
@@ -517,8 +514,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
-                       N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, WAIT_WIDTH: tl.constexpr,
-                       DOT_DTYPE: tl.constexpr):
+                       N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
     tickets and so are running or done: no program waits on one that may never start.
@@ -530,13 +526,11 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     final states of the empty sequences. The walk of a chunk takes the state its sequence's previous chunk left in that
     chunk's `states` row (its own contribution, which only the walk of that chunk reads, is spent
     by then), runs the chunk's steps of ChunkTables.steps as stage 4 runs them, and leaves its end
-    state in its own row. Flags: a chunk state, a partial, a walk block and a C B^T block each
-    raise their own by one, once a pass, so that a raised flag holds the pass's generation
-    (counters_ptr[0], which stage 1 advanced)."""
-    # The ticket orders work and publishes nothing (the flags do): a relaxed addition. The
-    # generation is requested with it.
-    t = tl.atomic_add(counters_ptr + 1, 1, sem="relaxed")
-    generation = tl.load(counters_ptr)
+    state in its own row. Flags count their producers: each producer raises its flag by one once
+    a pass, so that a flag holds generation (counters_ptr[0], which stage 1 advanced) x its
+    producers once they are all done, and a program waits on a flag with one poll whatever the
+    number of its producers."""
+    t = tl.atomic_add(counters_ptr + 1, 1, sem="relaxed")  # orders work, publishes nothing: relaxed
     size = headdim * dstate
     NM: tl.constexpr = CHUNK // BLOCK_M  # C B^T blocks of a chunk along each side
     ngroups = nheads // heads_per_group
@@ -546,18 +540,19 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     n_cb = ngroups * NM * NM
     group = n_state + n_walk + n_out + n_cb
     n_partial = ninner * n_state
-    # Flags: (nchunks, nheads, N_PN) chunk states, (nchunks, nheads, N_PASS) walk blocks, (ninner,
-    # nheads, N_PN) partials, (nchunks, ngroups, NM, NM) C B^T blocks (those above the diagonal
-    # unused). Tickets and flags' indices fit int32; state offsets are int64.
-    p_walk_flags = flags_ptr + nchunks * n_state
-    p_partial_flags = p_walk_flags + nchunks * n_walk
-    p_cb_flags = p_partial_flags + ninner * n_state
+    # Flags: (nchunks, nheads) chunk states (N_PN producers each), (nchunks, nheads) walks
+    # (N_PASS), (ninner, nheads) partials (N_PN), (nchunks, ngroups, NM) rows of C B^T blocks (NM,
+    # those above the diagonal included). Tickets and flags' indices fit int32; state offsets
+    # are int64.
+    p_walk_flags = flags_ptr + nchunks * nheads
+    p_partial_flags = p_walk_flags + nchunks * nheads
+    p_cb_flags = p_partial_flags + ninner * nheads
     if t < n_partial:  # the partial of inner capture t // n_state: stage 3's row past the chunks
         _chunk_state_program((nchunks + t // n_state).to(tl.int64), ((t % n_state) // N_PN).to(tl.int64), t % N_PN,
                              x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
                              headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                              s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-        _raise(p_partial_flags + t)
+        _raise(p_partial_flags + t // N_PN)
     elif t < n_partial + (nchunks + 2) * group:
         g = (t - n_partial) // group
         r = (t - n_partial) % group
@@ -567,7 +562,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                      cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, headdim, dstate,
                                      nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
-                _raise(flags_ptr + g * n_state + r)
+                _raise(flags_ptr + g * nheads + r // N_PN)
         elif r < n_state + n_walk:
             if (g >= 1) & (g <= nchunks):  # chunk g-1's walk, a block of its state
                 i_blk = (r - n_state) % N_PASS
@@ -584,17 +579,16 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 t_end = tl.load(chunk_steps_ptr + i_c + 1)
                 # What the walk reads: the chunk's own contribution, its inner captures' partials
                 # and the state before it (its sequence's initial state, or the previous chunk's end).
-                _wait(flags_ptr + f_c * N_PN, N_PN, p_walk_flags + (f_c - nheads) * N_PASS + i_blk,
-                      tl.where(index == 0, 0, 1), generation, WAIT_WIDTH)
+                _wait(flags_ptr + f_c, N_PN, counters_ptr)
                 for step in range(t_begin, t_end):
                     i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
                     if i_r >= 0:
-                        p_part_flags = p_partial_flags + (i_r * nheads + i_h) * N_PN
-                        _wait(p_part_flags, N_PN, p_part_flags, 0, generation, WAIT_WIDTH)
+                        _wait(p_partial_flags + i_r * nheads + i_h, N_PN, counters_ptr)
                 if index == 0:
                     state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p,
                                            s_in_n, HAS_INITIAL_STATE, PASS_BLOCK)
                 else:
+                    _wait(p_walk_flags + f_c - nheads, N_PASS, counters_ptr)
                     state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
                 if live:
                     state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
@@ -605,13 +599,13 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                      s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
                                      skip_slot, HAS_SKIP)
                 tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
-                _raise(p_walk_flags + f_c * N_PASS + i_blk)
+                _raise(p_walk_flags + f_c)
         elif r < n_state + n_walk + n_out:
             if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state and C B^T are written
                 f_c = (g - 2) * nheads + (r - n_state - n_walk) // N_MP
                 i_m = (r - n_state - n_walk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
-                p_row_flags = p_cb_flags + (((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m) * NM
-                _wait(p_walk_flags + f_c * N_PASS, N_PASS, p_row_flags, i_m + 1, generation, WAIT_WIDTH)
+                _wait(p_walk_flags + f_c, N_PASS, counters_ptr)
+                _wait(p_cb_flags + ((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m, NM, counters_ptr)
                 _chunk_output_program((g - 2).to(tl.int64), ((r - n_state - n_walk) // N_MP).to(tl.int64),
                                       (r - n_state - n_walk) % N_MP, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       chunks_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads,
@@ -626,7 +620,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
                                   C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
                                   s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
-                _raise(p_cb_flags + g * n_cb + r_cb)
+                _raise(p_cb_flags + (g * ngroups + r_cb // (NM * NM)) * NM + i_mk // NM)
     else:  # an empty sequence's final state: its initial state
         r = t - n_partial - (nchunks + 2) * group
         i_row = (nchunks + r // n_walk).to(tl.int64)  # its row of ChunkTables.chunks
@@ -687,7 +681,8 @@ class Workspace:
     partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
     start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
     # The fused pass's (stage2to5_fused), None for the five stages: its generation and next ticket
-    # (int32, advanced and reset by stage 1), and its flags (int32, zeros until a generation's).
+    # (int32, advanced and reset by stage 1), and its flags (int32 from zeros, each raised by its producers
+    # once a pass).
     counters: torch.Tensor | None = None
     flags: torch.Tensor | None = None
 
@@ -819,14 +814,10 @@ class FusedCounts(NamedTuple):
         per_chunk = nheads * (self.n_pn + self.n_pass + self.n_mp) + ngroups * self.n_cb
         return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 2) * per_chunk
 
-    @property
-    def wait_width(self) -> int:
-        """Flags a program polls at once, at most: an output program's walk blocks and C B^T row."""
-        return triton.next_power_of_2(max(self.n_pn + 1, self.n_pass + math.isqrt(self.n_cb)))
-
     def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
-        """Flags of a pass: one per chunk state, partial, walk block and C B^T block."""
-        return nheads * ((nchunks + ninner) * self.n_pn + nchunks * self.n_pass) + nchunks * ngroups * self.n_cb
+        """Flags of a pass: one per (chunk, head) for its chunk states and one for its walk, one per
+        (inner capture, head) for its partials, one per row of a (chunk, group)'s C B^T blocks."""
+        return nheads * (2 * nchunks + ninner) + nchunks * ngroups * math.isqrt(self.n_cb)
 
 
 def fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> FusedCounts:
@@ -860,8 +851,7 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
         **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], PASS_BLOCK=cfg["PASS_BLOCK"],
-        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, WAIT_WIDTH=counts.wait_width, **ws.dot,
-        **cfg["output"])
+        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
 
 STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
