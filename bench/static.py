@@ -41,7 +41,7 @@ from triton_static.model import HBM_BYTES_PER_S  # noqa: E402
 
 from .common import REPO_ROOT, git_commit  # noqa: E402
 from .static_report import LABEL, markdown, merge, rounded, summary_lines  # noqa: E402
-from .static_workloads import (DECODE_BATCHES, PREFILL_TOKENS, SHAPES, UNALIKE_AXES, WORKLOADS,  # noqa: E402
+from .static_workloads import (DECODE_BATCHES, MIXED_KERNELS, PREFILL_TOKENS, SHAPES, UNALIKE_AXES, WORKLOADS,  # noqa: E402
                                count_sizes, mamba_ssm_ops, model_selective_scan_fn, parse_layer, run_call,
                                shape_record, shapes_for, triton_path_on_cpu)
 from .workloads import decode_bytes, pass_bytes  # noqa: E402
@@ -116,7 +116,7 @@ class Report:
         launch_counts = counting.extrapolate(self.count_cache[key], size)
         launches = self.record(w.name, shape, size, peer)
         return model_call(launches, launch_counts, size, per_token=w.kind == "prefill",
-                          what=f"{w.name} at {shape.name}")
+                          what=f"{w.name} at {shape.name}", mixed=MIXED_KERNELS)
 
 
 def matches(name: str, filters, names) -> bool:

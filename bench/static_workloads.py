@@ -44,6 +44,7 @@ class Workload:
     doc: str
     captures: int = 0
     chunked: bool = False  # its kernels work on 256-token chunks (as the prefill peer's always do)
+    mixed: bool = False  # it launches a mixed kernel (MIXED_KERNELS), whose every program is counted
 
 
 def capture_offsets(tokens: int, count: int = 8, on_grid: bool = False) -> list[tuple[int, int]]:
@@ -73,17 +74,24 @@ def _decode(shape, batch, new):
                 D=new(H, dtype=torch.float32), dt_bias=new(H, dtype=torch.float32))
 
 
-def _scan(algorithm, captures, on_grid=False):
+def _fused_pass(fused: bool):
+    """The chunked Mamba-2 pass's fused launch (fused) or its five stages, whatever the setting."""
+    from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
+    return fused_pass(fused)
+
+
+def _scan(algorithm, captures, on_grid=False, fused=False):
     def run(shape, tokens, new):
         from ssm_kernels import mamba2_scan
         i = _mamba2(shape, tokens, new)
-        mamba2_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
-                    capture=capture_offsets(tokens, on_grid=on_grid) if captures else None, backend="triton",
-                    algorithm=algorithm, chunk_size=CHUNK)
+        with _fused_pass(fused):
+            mamba2_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
+                        capture=capture_offsets(tokens, on_grid=on_grid) if captures else None, backend="triton",
+                        algorithm=algorithm, chunk_size=CHUNK)
     return run
 
 
-def _engine_prefill(captures, on_grid=False):
+def _engine_prefill(captures, on_grid=False, fused=False):
     """mamba2_prefill's chunked algorithm on one fresh row, states in a bfloat16 cache (vLLM's
     default SSM cache dtype for these models): captures go straight into their slots."""
     def run(shape, tokens, new):
@@ -97,9 +105,10 @@ def _engine_prefill(captures, on_grid=False):
                               start_positions=[0], **cap)
         cache = new(1 + len(offsets), shape.nheads, shape.headdim, shape.dstate)
         sq = lambda t: t.squeeze(0)
-        mamba2_prefill(batch, sq(i["x"]), sq(i["dt"]), i["A"], sq(i["B"]), sq(i["C"]), ssm_state=cache,
-                       out=torch.empty_like(sq(i["x"])), D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
-                       backend="triton", algorithm="chunked", chunk_size=CHUNK)
+        with _fused_pass(fused):
+            mamba2_prefill(batch, sq(i["x"]), sq(i["dt"]), i["A"], sq(i["B"]), sq(i["C"]), ssm_state=cache,
+                           out=torch.empty_like(sq(i["x"])), D=i["D"], dt_bias=i["dt_bias"], dt_softplus=True,
+                           backend="triton", algorithm="chunked", chunk_size=CHUNK)
     return run
 
 
@@ -157,6 +166,9 @@ WORKLOADS = {w.name: w for w in (
     Workload("mamba2_prefill chunked, bf16 cache + 8 grid captures", "prefill", "mamba2",
              _engine_prefill(True, on_grid=True), "mamba_chunk_scan_combined",
              "the same with the 8 captures at chunk starts", captures=8, chunked=True),
+    Workload("mamba2_scan chunked, fused", "prefill", "mamba2", _scan("chunked", False, fused=True),
+             "mamba_chunk_scan_combined", "mamba2_scan chunked on the fused pass (two launches; "
+             "SSM_KERNELS_FUSED_SSD=1)", chunked=True, mixed=True),
     Workload("selective_state_update", "decode", "mamba2", _state_update, "selective_state_update",
              "one decode token per row, state pool of batch slots"),
     Workload("mamba1_scan recurrent", "prefill", "mamba1", _mamba1("recurrent"), "selective_scan_fn",
@@ -304,24 +316,35 @@ def run_call(workload: str, shape, size: int, *, peer: bool = False, fill: str =
 
 # A chunked prefill is counted at 8 and 16 chunks: from 8 chunks on, the 8 captures fall in 8
 # different chunks, as at the real sizes, so everything a capture costs is constant from there on.
+# A mixed kernel's programs all run through the interpreter (some 90 ms each on these machines,
+# 7000 programs at Mamba-2 2.7B and 8 chunks), so a call without captures that launches one is
+# counted at 2 and 4 chunks: its programs grow by a group per chunk from the second chunk on.
 CHUNKED_COUNT_TOKENS = (8 * CHUNK, 16 * CHUNK)
+MIXED_COUNT_TOKENS = (2 * CHUNK, 4 * CHUNK)
 
 
 def count_sizes(workload: Workload, peer: bool = False) -> list[int]:
     """Sizes the interpreter counts this call at (bench.counts): batch 2 and 4 for a decode step
     (its grid grows with the batch, its programs do not); CHUNKED_COUNT_TOKENS for a chunked
-    prefill (its grid is sampled, so the larger sizes cost little); 64 and 128 tokens for the
-    others (their per-token work does not depend on where a token is: the recurrent scan, whose
-    captures only split its token loop, and the conv, whose 32-token tiles stay full)."""
+    prefill (its grid is sampled, so the larger sizes cost little), MIXED_COUNT_TOKENS where it
+    launches a mixed kernel; 64 and 128 tokens for the others (their per-token work does not
+    depend on where a token is: the recurrent scan, whose captures only split its token loop, and
+    the conv, whose 32-token tiles stay full)."""
     if workload.kind == "decode":
         return [2, 4]
+    if workload.mixed and not peer:
+        assert not workload.captures, "a call with captures is counted at 8 chunks and more"
+        return list(MIXED_COUNT_TOKENS)
     return list(CHUNKED_COUNT_TOKENS) if workload.chunked or peer else [64, 128]
 
 
 # Grid axes along which a kernel's programs are not alike, so that the two ends cannot stand for
 # the rest (triton_static.counts samples them in full). Along axis 0 of the chunked scan's state
-# kernel, the rows past the chunks are the inner captures' (a partial each, of a part of a chunk).
-UNALIKE_AXES = {"_chunk_state_kernel": (0,)}
+# kernel, the rows past the chunks are the inner captures' (a partial each, of a part of a chunk);
+# the fused pass's programs are of five kinds, by the tickets they take.
+UNALIKE_AXES = {"_chunk_state_kernel": (0,), "_fused_pass_kernel": (0,)}
+# Kernels whose programs are of several kinds in one launch (triton_static.model, mixed kernels).
+MIXED_KERNELS = frozenset({"_fused_pass_kernel"})
 
 
 @contextlib.contextmanager

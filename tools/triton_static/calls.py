@@ -71,14 +71,16 @@ def storage_summary(storages: dict) -> dict:
     return {name: {k: v for k, v in s.items() if v} for name, s in sorted(storages.items())}
 
 
-def model_launches(launches, launch_counts, size: int, per_token: bool) -> list[dict]:
+def model_launches(launches, launch_counts, size: int, per_token: bool, mixed=frozenset()) -> list[dict]:
     """One entry per launch: its code, its model, and whether it is its site's chosen config; a
-    config that is not chosen keeps its time and bound only (the JSON stays small)."""
+    config that is not chosen keeps its time and bound only (the JSON stays small). mixed: names
+    of kernels whose programs are of several kinds (model's module doc)."""
     entries = []
     for launch, counted in zip(launches, launch_counts):
         code = sass.read(compile_launch(launch))
         fits = code.shared <= MAX_SHARED_PER_BLOCK
-        km = model.model_kernel(code, launch.grid, launch.num_warps, code.mma_form, counted)
+        km = model.model_kernel(code, launch.grid, launch.num_warps, code.mma_form, counted,
+                                mixed=launch.kernel in mixed)
         loop = hot_loop(km.loops)
         hot = next((lp for lp in code.loops if loop and lp.start == loop.start), None)
         entries.append({
@@ -107,7 +109,8 @@ def model_launches(launches, launch_counts, size: int, per_token: bool) -> list[
                                    "model": {k: e["model"][k] for k in ("time_ms", "bound")}} for e in entries]
 
 
-def model_call(launches, launch_counts, size: int, per_token: bool, what: str = "the call") -> dict:
+def model_call(launches, launch_counts, size: int, per_token: bool, what: str = "the call",
+               mixed=frozenset()) -> dict:
     """{"kernels": model_launches' entries, "time_ms": the chosen launches' sum, "kernels_launched"}
     of one call from its recorded launches and its counts (one per launch, in the same order:
     the counted and the recorded launches must be the same kernels and configs)."""
@@ -115,7 +118,7 @@ def model_call(launches, launch_counts, size: int, per_token: bool, what: str = 
     recorded = [(launch.kernel, launch.config) for launch in launches]
     if seen != recorded:
         raise RuntimeError(f"{what}: the counted launches {seen} differ from the recorded ones {recorded}")
-    entries = model_launches(launches, launch_counts, size, per_token)
+    entries = model_launches(launches, launch_counts, size, per_token, mixed)
     chosen = [e for e in entries if e["chosen"]]
     return {"kernels": entries, "time_ms": sum(e["model"]["time_ms"] for e in chosen), "kernels_launched": len(chosen)}
 

@@ -46,6 +46,15 @@ Waves = ceil(programs / (resident programs per SM x SMs)); resident programs per
 registers (allocated per warp in units of 256, registers per thread rounded up to 8), shared
 memory (+1 KB reserved per block), warps (64 per SM) and 32 blocks per SM.
 
+A mixed kernel (the client names it: programs of several kinds in one launch, e.g. work handed
+out by an atomic ticket, each kind waiting on flags that earlier kinds raise) has no path that
+most programs take: its latency is programs / (resident programs per SM x SMs) x the average
+program's dependent time, the whole straight-line code replayed in order with each
+instruction's step (replay_steps) weighed by the fraction of programs that run it, plus the
+loops as above. A wait on a flag is a spin loop that the interpreter runs once (its producer
+ran first), so it counts as one poll: time spent waiting on work not yet done (a serial
+chain's) is not modelled.
+
 Launch overhead (a few microseconds per kernel) is not modelled.
 """
 from __future__ import annotations
@@ -218,25 +227,36 @@ def replay_cycles(instrs: list[Instr], iterations: int = 1, global_load: float =
     previous one, or later when it waits on a scoreboard barrier, which releases when every
     variable-latency result (or source read) on it has landed, so one late load holds up every
     instruction waiting on its barrier. Without them, by register dependencies alone."""
+    ends = list(_replay(instrs, iterations, global_load))[len(instrs) - 1::len(instrs) or 1]
+    return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
+
+
+def replay_steps(instrs: list[Instr], global_load: float = LATENCY["HBM"]) -> list[float]:
+    """What each instruction adds to replay_cycles(instrs), in order (their sum is it): the
+    cycles from the previous instruction's point in the replay to its own."""
+    points = list(_replay(instrs, 1, global_load))
+    return [b - a for a, b in zip([0.0] + points, points)]
+
+
+def _replay(instrs: list[Instr], iterations: int, global_load: float):
+    """replay_cycles' point after each instruction, over `iterations` passes of instrs."""
     if instrs and all(i.control is not None for i in instrs):
-        return _replay_scoreboards(instrs, iterations, global_load)
+        yield from _replay_scoreboards(instrs, iterations, global_load)
+        return
     ready: dict[str, float] = {}
     t = 0.0
-    ends = []
     decoded = [(_registers(i), instruction_latency(i, global_load)) for i in instrs]
     for _ in range(iterations):
         for (written, read), latency in decoded:
             t = max([t + 1] + [ready.get(r, 0.0) for r in read])
             for r in written:
                 ready[r] = t + latency
-        ends.append(t)
-    return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
+            yield t
 
 
-def _replay_scoreboards(instrs: list[Instr], iterations: int, global_load: float) -> float:
+def _replay_scoreboards(instrs: list[Instr], iterations: int, global_load: float):
     released = [0.0] * 6  # when each barrier's pending results have all landed
     t = 0.0  # the earliest cycle the next instruction may issue
-    ends = []
     decoded = [(i.control, instruction_latency(i, global_load)) for i in instrs]
     for _ in range(iterations):
         for c, latency in decoded:
@@ -246,8 +266,7 @@ def _replay_scoreboards(instrs: list[Instr], iterations: int, global_load: float
             if c.read < 6:
                 released[c.read] = max(released[c.read], issue + LATENCY["operand_read"])
             t = issue + max(c.stall, 1)
-        ends.append(t)
-    return ends[-1] - ends[-2] if iterations > 1 else ends[-1] if ends else 0.0
+            yield t
 
 
 def resident_programs(registers: int, shared: int, num_warps: int) -> dict:
@@ -374,8 +393,10 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     return counted[len(counted) // 2], top
 
 
-def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_form: str, counts: dict) -> KernelModel:
-    """The model of one launch from its compiled code, grid and (extrapolated) counts."""
+def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_form: str, counts: dict,
+                 mixed: bool = False) -> KernelModel:
+    """The model of one launch from its compiled code, grid and (extrapolated) counts; mixed: its
+    programs are of several kinds (module doc)."""
     programs = grid[0] * grid[1] * grid[2]
     occupancy = resident_programs(code.registers, code.shared, num_warps)
     per_wave = max(occupancy["programs"], 1) * SMS
@@ -390,8 +411,12 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     shares = [_straight_share(i, counts.get("reached", {}), programs) for i in straight]
     slots = issue_slots(straight, shares) * programs
     instructions = sum(shares) * programs
-    # One program's dependent time follows the straight-line path most programs take.
-    latency = replay_cycles([i for i, share in zip(straight, shares) if share >= 0.5], global_load=global_load)
+    # One program's dependent time follows the straight-line path most programs take, or a mixed
+    # kernel's average program's.
+    if mixed:
+        latency = sum(share * step for share, step in zip(shares, replay_steps(straight, global_load)))
+    else:
+        latency = replay_cycles([i for i, share in zip(straight, shares) if share >= 0.5], global_load=global_load)
     loops = []
     for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
         executions, top = _executions(loop, lines)
@@ -413,7 +438,7 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
         "memory": memory.memory_ms,
         "tensor": flops / TENSOR_FLOPS[mma_form] * 1e3,
         "issue": busiest * per_warp / CLOCK_HZ * 1e3,
-        "latency": waves * latency / CLOCK_HZ * 1e3,
+        "latency": (programs / per_wave if mixed else waves) * latency / CLOCK_HZ * 1e3,
     }
     bound = max(terms, key=terms.get)
     return KernelModel(

@@ -98,3 +98,34 @@ def test_a_warp_waits_on_a_barrier_until_every_result_on_it_has_landed():
     # a loop: the wait at the top of the next iteration is on the loads of this one
     loop = [instr("FADD", wait=1), instr("LDG.E", write=0), instr("FADD", stall=6)]
     assert model.replay_cycles(loop, iterations=3, global_load=load) == 1 + load
+
+
+def test_a_mixed_kernel_s_latency_is_its_average_program_s():
+    """1000 programs of two kinds in one launch: a quarter load and wait on the load (kind a),
+    three quarters run three ALU instructions (kind b). Mixed, the latency is programs / resident
+    programs x the average program's time, each instruction's step weighed by the programs that
+    run it; otherwise one wave of the path most programs take (b's)."""
+    import toy_kernels
+    from triton_static.sass import Code, Control
+
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.clamp_low.fn)
+    a, b = header + 1, header + 2
+
+    def instr(address, line, opcode, stall=1, write=7, wait=0):
+        return Instr(address, "", opcode, ["R1", "R2"], ((path, line),), Control(stall, write, 7, wait))
+
+    instrs = [instr(0, a, "LDG.E", write=0), instr(16, a, "FADD", wait=1)] + \
+        [instr(32 + 16 * k, b, "FADD", stall=4) for k in range(3)]
+    code = Code(registers=32, ptxas_registers=32, spill_stores=0, spill_loads=0, stack=0, shared=0, instrs=instrs,
+                loops=[])
+    counts = {"reached": {source_key(path, a): 250, source_key(path, b): 750}}
+    load = model.LATENCY["HBM"]  # no bytes counted: every load misses L2
+    assert model.replay_steps(instrs, load) == [1, load, 4, 4, 4]
+    resident = 16 * model.SMS  # 32 registers, 4 warps: 16 programs an SM (warps)
+    clock_ms = model.CLOCK_HZ / 1e3
+    mixed = model.model_kernel(code, (1000, 1, 1), 4, "none", counts, mixed=True)
+    assert mixed.latency_cycles_per_program == pytest.approx(0.25 * (1 + load) + 0.75 * 12)
+    assert mixed.latency_ms == pytest.approx(1000 / resident * (0.25 * (1 + load) + 0.75 * 12) / clock_ms)
+    plain = model.model_kernel(code, (1000, 1, 1), 4, "none", counts)
+    assert plain.latency_ms == pytest.approx(12 / clock_ms)
