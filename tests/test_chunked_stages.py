@@ -153,7 +153,7 @@ def test_stage5_chunk_output(case, dtype, device):
 @pytest.mark.parametrize("case", CASES)
 def test_stages_2_to_5_fused(case, dtype, device):
     """The fused pass (stages 2 to 5 in one launch) writes what the four stages write, and every
-    one of its programs took its ticket and raised its flags to the pass's generation."""
+    program took its ticket and every producer raised its flag once."""
     with tk.fused_pass():
         run, ws = run_stage(tk.stage2to5_fused, case, dtype, device, "dt", "cs", "decay")
     want = run.want
