@@ -61,7 +61,6 @@ partial's), within the 1e-2 of every 16-bit result.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -520,16 +519,16 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     tickets and so are running or done: no program waits on one that may never start.
 
     Tickets: first the inner captures' partials (stage 3's rows past the chunks); then groups of
-    (nheads x N_PN) chunk-state, (nheads x N_PASS) walk, (nheads x N_MP) output and (ngroups x
-    N_CB) C B^T programs, group g holding chunk g's chunk states and C B^T, chunk g-1's walk and
+    (nheads x N_PN) chunk-state, (nheads x N_PASS) walk, (nheads x N_MP) output and (ngroups x NM
+    x NM) C B^T programs, group g holding chunk g's chunk states and C B^T, chunk g-1's walk and
     chunk g-2's output, so that what a program waits on was mostly done a group before; last, the
-    final states of the empty sequences. The walk of a chunk takes the state its sequence's previous chunk left in that
-    chunk's `states` row (its own contribution, which only the walk of that chunk reads, is spent
-    by then), runs the chunk's steps of ChunkTables.steps as stage 4 runs them, and leaves its end
-    state in its own row. Flags count their producers: each producer raises its flag by one once
-    a pass, so that a flag holds generation (counters_ptr[0], which stage 1 advanced) x its
-    producers once they are all done, and a program waits on a flag with one poll whatever the
-    number of its producers."""
+    final states of the empty sequences. The walk of a chunk takes the state its sequence's
+    previous chunk left in that chunk's `states` row (its own contribution, which only the walk of
+    that chunk reads, is spent by then), runs the chunk's steps of ChunkTables.steps as stage 4
+    runs them, and leaves its end state in its own row. Flags count their producers: each producer
+    raises its flag by one once a pass, so that a flag holds generation (counters_ptr[0], which
+    stage 1 advanced) x its producers once they are all done, and a program waits on a flag with
+    one poll whatever the number of its producers."""
     t = tl.atomic_add(counters_ptr + 1, 1, sem="relaxed")  # orders work, publishes nothing: relaxed
     size = headdim * dstate
     NM: tl.constexpr = CHUNK // BLOCK_M  # C B^T blocks of a chunk along each side
@@ -807,23 +806,23 @@ class FusedCounts(NamedTuple):
     n_pn: int  # chunk-state (and partial) programs of a head: P x N blocks
     n_pass: int  # walk programs of a head: PASS_BLOCK blocks of its state
     n_mp: int  # output programs of a head: M x P blocks
-    n_cb: int  # C B^T programs of a group: (chunk / BLOCK_M)^2 blocks, those above the diagonal idle
+    nm: int  # C B^T blocks along each side of a chunk: nm^2 programs a group, those above the diagonal idle
 
     def programs(self, nheads: int, ngroups: int, nchunks: int, ninner: int, nempty: int) -> int:
         """Tickets of a pass (the kernel's docstring orders them)."""
-        per_chunk = nheads * (self.n_pn + self.n_pass + self.n_mp) + ngroups * self.n_cb
+        per_chunk = nheads * (self.n_pn + self.n_pass + self.n_mp) + ngroups * self.nm * self.nm
         return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 2) * per_chunk
 
     def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
         """Flags of a pass: one per (chunk, head) for its chunk states and one for its walk, one per
         (inner capture, head) for its partials, one per row of a (chunk, group)'s C B^T blocks."""
-        return nheads * (2 * nchunks + ninner) + nchunks * ngroups * math.isqrt(self.n_cb)
+        return nheads * (2 * nchunks + ninner) + nchunks * ngroups * self.nm
 
 
 def fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> FusedCounts:
     n_pblocks, nm = triton.cdiv(headdim, cfg["BLOCK_P"]), chunk // cfg["BLOCK_M"]
     return FusedCounts(n_pblocks * triton.cdiv(dstate, cfg["BLOCK_N"]),
-                       triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]), nm * n_pblocks, nm * nm)
+                       triton.cdiv(headdim * dstate, cfg["PASS_BLOCK"]), nm * n_pblocks, nm)
 
 
 def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
