@@ -36,7 +36,8 @@ For one kernel launch on an H200:
               (sass.Control): an instruction issues its predecessor's stall count after it, or
               later when it waits on a scoreboard barrier, which releases only when every
               variable-latency result on it (loads, shuffles, MUFU) has landed; times the
-              loop's iterations per program. Other warps on the scheduler hide this only
+              loop's iterations per program (the median count of its lines; 0 where its
+              `for` line ran and no line of its body did). Other warps on the scheduler hide this only
               through `issue`: the two are reported apart so that a reader sees which one
               wins. A global load's latency is the L2 hit's (a fitted figure, LATENCY), plus
               the HBM miss's extra for the fraction of the kernel's requested bytes that go to
@@ -359,6 +360,34 @@ def _signature_lines(path: str) -> frozenset[int]:
     return frozenset(lines)
 
 
+@functools.lru_cache(maxsize=None)
+def _loop_header_lines(path: str) -> frozenset[int]:
+    """The first lines of a source file's `for` and `while` statements."""
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return frozenset()
+    return frozenset(node.lineno for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While)))
+
+
+def _never_entered(loop: Loop, lines: dict[str, float]) -> bool:
+    """Whether the loop's `for` line ran but no line of its body did (every trip count 0): its body
+    lines, taken at the `for` line's depth of inlining (a helper's lines inside the body are
+    reached through its call site there), counted nowhere. _line_count cannot tell: it counts an
+    uncounted line as its caller, which ran."""
+    def header(key: str) -> bool:
+        path, line = local_source(key.split("<")[0])
+        return line in _loop_header_lines(path)
+
+    headers = [i.where for i in loop.instrs if i.chain and header(i.where)]
+    if not headers or not lines.get(headers[0]):
+        return False
+    depth = len(headers[0].split("<"))
+    body = {"<".join(i.where.split("<")[-depth:]) for i in loop.instrs if len(i.chain) >= depth}
+    body = {key for key in body if not header(key)}
+    return bool(body) and not any(lines.get(key) for key in body)
+
+
 def _straight_share(instr: Instr, reached: dict[str, float], programs: int) -> float:
     """The fraction of programs that run a straight-line instruction: the programs that ran its
     source line (triton_static.counts "reached") / programs, 0 where no program ran it (a branch not
@@ -377,11 +406,14 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     """How many times the loop body ran over the whole grid: the median, over its instructions,
     of how many times each one's source line ran (lines outside the loop that the compiler
     placed in it, and prologue copies, do not move a median); 0 for a loop of inlined helpers
-    whose call site never ran (see _straight_share)."""
+    whose call site never ran (see _straight_share), and for one whose body never ran
+    (_never_entered)."""
     counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
     chains = [i.chain for i in loop.instrs if i.chain]
     if not counted and lines and chains and all(len(chain) > 1 for chain in chains):
         return 0.0, []  # an inlined helper's loop whose call site no program reached
+    if lines and _never_entered(loop, lines):
+        return 0.0, []
     keys = {}
     for i in loop.instrs:
         if i.source:

@@ -129,3 +129,26 @@ def test_a_mixed_kernel_s_latency_is_its_average_program_s():
     assert mixed.latency_ms == pytest.approx(1000 / resident * (0.25 * (1 + load) + 0.75 * 12) / clock_ms)
     plain = model.model_kernel(code, (1000, 1, 1), 4, "none", counts)
     assert plain.latency_ms == pytest.approx(12 / clock_ms)
+
+
+def test_a_loop_whose_body_never_ran_runs_zero_times():
+    """The row sum's loop (toy_kernels: `for` on line 19, body on lines 20-21), as if inlined at a
+    call site on line 40 and with a helper's line 30 inlined at line 21, when every row is empty:
+    the interpreter counts the `for` line and the call site once a program, no body line. A body
+    instruction's count falls back to its call site's, which ran; the loop still runs 0 times.
+    With its body counted, the median of the counts as before."""
+    import toy_kernels
+    from triton_static.sass import Loop
+    path = toy_kernels.__file__
+    at = [(19, 40), (20, 40), (30, 21, 40)]
+    instrs = [Instr(16 * k, "", "IADD3", ["R1", "R1", "0x1", "RZ"], tuple((path, line) for line in chain))
+              for k, chain in enumerate(at)]
+    loop = Loop(start=0, end=32, instrs=instrs)
+
+    def key(*chain):
+        return "<".join(source_key(path, line) for line in chain)
+    empty = {key(19, 40): 8.0, key(40): 8.0}
+    assert model._line_count(instrs[1], empty) == 8.0  # the call site's count
+    assert model._executions(loop, empty)[0] == 0.0
+    ran = {**empty, key(20, 40): 32.0, key(21, 40): 32.0}
+    assert model._executions(loop, ran)[0] == 32.0

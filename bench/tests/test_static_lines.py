@@ -1,0 +1,51 @@
+"""python -m bench.static_lines: a kernel's modelled latency per source line, at a tiny layer. Its
+parts sum to the model's own replay of the same code, and a kernel the call does not launch is
+named with the ones it does."""
+import os
+import subprocess
+import sys
+
+from bench.common import REPO_ROOT as ROOT
+
+LAYER = "mamba2:nheads=4,headdim=16,dstate=32,ngroups=1"
+
+
+def static_lines(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    return subprocess.run([sys.executable, "-m", "bench.static_lines", "mamba2_scan chunked", "--layer", LAYER,
+                           "--size", "2048", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def parts(out: str) -> dict[str, tuple[float, list[tuple[float, str]]]]:
+    """The printed parts: title -> (its total cycles, its rows as (cycles, source text))."""
+    found, title = {}, None
+    for line in out.splitlines():
+        if line.endswith(" cycles") and ": " in line:
+            title, total = line.rsplit(": ", 1)
+            found[title] = (float(total.split()[0]), [])
+        elif title and line.strip() and line.split()[0].isdigit():
+            fields = line.split(None, 4)  # cycles, instructions, MUFU, where, the source (may be blank)
+            found[title][1].append((float(fields[0]), fields[4] if len(fields) > 4 else ""))
+    return found
+
+
+def test_a_kernel_s_lines_add_up_to_each_part():
+    proc = static_lines("--kernel", "_state_passing_kernel", "--top", "1000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = parts(proc.stdout)
+    assert "straight-line code, once" in found and len(found) >= 2
+    for total, rows in found.values():
+        assert rows and abs(sum(c for c, _ in rows) - total) <= len(rows) / 2 + 1  # each printed rounded
+        assert [c for c, _ in rows] == sorted((c for c, _ in rows), reverse=True)
+    walk = [title for title, (_, rows) in found.items() if any("tl.fma(b_decay, state, b_own)" in t for _, t in rows)]
+    assert len(walk) == 1 and walk[0].startswith("loop at")  # the walk's step loop, its update among its lines
+
+
+def test_the_command_prints_the_parts_and_names_what_is_launched():
+    proc = static_lines("--kernel", "_chunk_output_kernel", "--top", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== _chunk_output_kernel" in proc.stdout and "straight-line code, once" in proc.stdout
+    assert "static model, not measured" in proc.stdout
+    proc = static_lines("--kernel", "_no_such_kernel")
+    assert proc.returncode != 0 and "_chunk_output_kernel" in proc.stderr
