@@ -37,7 +37,8 @@ For one kernel launch on an H200:
               later when it waits on a scoreboard barrier, which releases only when every
               variable-latency result on it (loads, shuffles, MUFU) has landed; times the
               loop's iterations per program (the median count of its lines; 0 where its
-              `for` line ran and no line of its body did). Other warps on the scheduler hide this only
+              `for` line ran and no line of its body did, whose lines then count in no
+              program's path wherever the compiler put them). Other warps on the scheduler hide this only
               through `issue`: the two are reported apart so that a reader sees which one
               wins. A global load's latency is the L2 hit's (a fitted figure, LATENCY), plus
               the HBM miss's extra for the fraction of the kernel's requested bytes that go to
@@ -361,40 +362,58 @@ def _signature_lines(path: str) -> frozenset[int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _loop_header_lines(path: str) -> frozenset[int]:
-    """The first lines of a source file's `for` and `while` statements."""
+def _loops_of(path: str) -> tuple[tuple[int, int, int], ...]:
+    """A source file's `for` statements: (header line, first and last body line). (A `while`
+    loop's header is its work: a flag's spin loop polls there once when its body never runs.)"""
     try:
         tree = ast.parse(open(path).read())
     except (OSError, SyntaxError):
-        return frozenset()
-    return frozenset(node.lineno for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While)))
+        return ()
+    return tuple((node.lineno, node.body[0].lineno, node.end_lineno) for node in ast.walk(tree)
+                 if isinstance(node, ast.For))
 
 
-def _never_entered(loop: Loop, lines: dict[str, float]) -> bool:
-    """Whether the loop's `for` line ran but no line of its body did (every trip count 0): its body
-    lines, taken at the `for` line's depth of inlining (a helper's lines inside the body are
-    reached through its call site there), counted nowhere. _line_count cannot tell: it counts an
-    uncounted line as its caller, which ran."""
-    def header(key: str) -> bool:
-        path, line = local_source(key.split("<")[0])
-        return line in _loop_header_lines(path)
-
-    headers = [i.where for i in loop.instrs if i.chain and header(i.where)]
-    if not headers or not lines.get(headers[0]):
-        return False
-    depth = len(headers[0].split("<"))
-    body = {"<".join(i.where.split("<")[-depth:]) for i in loop.instrs if len(i.chain) >= depth}
-    body = {key for key in body if not header(key)}
-    return bool(body) and not any(lines.get(key) for key in body)
+def _ran_suffixes(lines: dict[str, float]) -> frozenset[str]:
+    """Every call-site chain that ran: each counted key and each of its tails (a line's callers)."""
+    ran = set()
+    for key, count in lines.items():
+        if count:
+            chain = key.split("<")
+            ran.update("<".join(chain[i:]) for i in range(len(chain)))
+    return frozenset(ran)
 
 
-def _straight_share(instr: Instr, reached: dict[str, float], programs: int) -> float:
+def _on_for_line(where: str) -> bool:
+    path, line = local_source(where.split("<")[0])
+    return any(header == line for header, _, _ in _loops_of(path))
+
+
+def _in_unentered_loop(where: str, lines: dict[str, float], ran: frozenset[str]) -> bool:
+    """Whether an instruction (its chain of call sites, sass.Instr.where) sits in the body of a loop
+    whose `for` line ran, at that chain's call sites, while no line of its body did (every trip count
+    0). _line_count cannot tell: it counts an uncounted line as its caller, which ran."""
+    chain = where.split("<")
+    for i, key in enumerate(chain):
+        path, line = local_source(key)
+        rest = "".join("<" + k for k in chain[i + 1:])
+        for header, first, last in _loops_of(path):
+            if first <= line <= last and lines.get(f"{key.rsplit(':', 1)[0]}:{header}{rest}") \
+                    and not any(f"{key.rsplit(':', 1)[0]}:{n}{rest}" in ran for n in range(first, last + 1)):
+                return True
+    return False
+
+
+def _straight_share(instr: Instr, reached: dict[str, float], programs: int,
+                    ran: frozenset[str] | None = None) -> float:
     """The fraction of programs that run a straight-line instruction: the programs that ran its
     source line (triton_static.counts "reached") / programs, 0 where no program ran it (a branch not
-    taken); 1 where there is nothing to go by (no counts, no source line, or a function header,
-    whose lines the interpreter does not report)."""
+    taken, a loop body never entered); 1 where there is nothing to go by (no counts, no source line,
+    or a function header, whose lines the interpreter does not report). ran: _ran_suffixes(reached),
+    computed once a kernel."""
     if not reached or not instr.chain:
         return 1.0
+    if _in_unentered_loop(instr.where, reached, _ran_suffixes(reached) if ran is None else ran):
+        return 0.0
     count = _line_count(instr, reached)
     if count is None:
         path, line = local_source(instr.where.split("<")[-1])
@@ -407,13 +426,15 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     of how many times each one's source line ran (lines outside the loop that the compiler
     placed in it, and prologue copies, do not move a median); 0 for a loop of inlined helpers
     whose call site never ran (see _straight_share), and for one whose body never ran
-    (_never_entered)."""
+    (_in_unentered_loop)."""
     counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
     chains = [i.chain for i in loop.instrs if i.chain]
     if not counted and lines and chains and all(len(chain) > 1 for chain in chains):
         return 0.0, []  # an inlined helper's loop whose call site no program reached
-    if lines and _never_entered(loop, lines):
-        return 0.0, []
+    ran = _ran_suffixes(lines)
+    body = [i for i in loop.instrs if i.chain and not _on_for_line(i.where)]
+    if lines and body and all(_in_unentered_loop(i.where, lines, ran) for i in body):
+        return 0.0, []  # its body never ran
     keys = {}
     for i in loop.instrs:
         if i.source:
@@ -440,7 +461,9 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
 
     lines = counts.get("lines", {})
     straight = code.straight
-    shares = [_straight_share(i, counts.get("reached", {}), programs) for i in straight]
+    reached = counts.get("reached", {})
+    ran = _ran_suffixes(reached)
+    shares = [_straight_share(i, reached, programs, ran) for i in straight]
     slots = issue_slots(straight, shares) * programs
     instructions = sum(shares) * programs
     # One program's dependent time follows the straight-line path most programs take, or a mixed

@@ -136,7 +136,7 @@ def test_a_loop_whose_body_never_ran_runs_zero_times():
     call site on line 40 and with a helper's line 30 inlined at line 21, when every row is empty:
     the interpreter counts the `for` line and the call site once a program, no body line. A body
     instruction's count falls back to its call site's, which ran; the loop still runs 0 times.
-    With its body counted, the median of the counts as before."""
+    With its body counted, the median of the counts as before. The same for straight-line code."""
     import toy_kernels
     from triton_static.sass import Loop
     path = toy_kernels.__file__
@@ -152,3 +152,8 @@ def test_a_loop_whose_body_never_ran_runs_zero_times():
     assert model._executions(loop, empty)[0] == 0.0
     ran = {**empty, key(20, 40): 32.0, key(21, 40): 32.0}
     assert model._executions(loop, ran)[0] == 32.0
+    # A body line the compiler placed outside the loop (a peeled first trip): in no program's path
+    # when the body never ran, in every one's when it did.
+    assert model._straight_share(instrs[1], empty, programs=8) == 0.0
+    assert model._straight_share(instrs[2], empty, programs=8) == 0.0
+    assert model._straight_share(instrs[1], {**ran, key(20, 40): 8.0}, programs=8) == 1.0
