@@ -1,5 +1,5 @@
 """Where one kernel's modelled latency goes, source line by source line (static model, not measured):
-python -m bench.static_lines WORKLOAD --kernel NAME [--shape NAME | --layer SPEC] [--tokens N] [--batch N]
+python -m bench.static_lines WORKLOAD --kernel NAME [--shape NAME | --layer SPEC] [--size N] [--top K]
 
 The workload's launches are recorded and the kernel's first launch compiled for sm_90a as
 bench.static does; its SASS is then replayed for one warp by the model's latency rule
