@@ -4,6 +4,7 @@ bench.static writes), merging a partial run into a report, and the JSON's roundi
     python -m bench.static_report DIR --readme        # the README's table of modelled times, from DIR/static.json
     python -m bench.static_report DIR --calibration   # the model against the GPU runs (bench.static_calibration)
     python -m bench.static_report DIR --write-md      # static.md again from static.json
+    python -m bench.static_report DIR --one-launch-floor  # the chunked pass in one launch, at best
 """
 from __future__ import annotations
 
@@ -144,6 +145,40 @@ def readme_block(data: dict) -> str:
                         "ours / peer"], rows)])
 
 
+# The five-stage chunked Mamba-2 pass: stage 1 stays a launch of its own in any one-launch design
+# (docs/chunked.md, "Stage 1 apart"); the walk is what such a design changes; the output kernel's
+# residency is the one launch's (its register cap).
+FLOOR_WORKLOAD, STAGE1, WALK, OUTPUT = ("mamba2_scan chunked", "_dt_cumsum_kernel", "_state_passing_kernel",
+                                        "_chunk_output_kernel")
+
+
+def one_launch_floor(data: dict) -> str:
+    """The five-stage pass's stages 2 to 5 as one launch whose programs each cost what they cost
+    in their own kernels (the model's latency a program), with the walk, the hand-offs between
+    chunks, the tickets and the waits free: stage 1's time plus the C B^T, chunk-state and output
+    programs' cycles spread over the output kernel's residency on every SM. A pass that hands
+    its states on in one launch cannot be modelled faster unless these programs cost less."""
+    gpu = data["gpu_model"]
+    rows = []
+    for c in data["calls"]:
+        if c["workload"] != FLOOR_WORKLOAD or not c["peer"].get("available"):
+            continue
+        kernels = {e["kernel"]: e["model"] for e in c["kernels"] if e["chosen"]}
+        slots = kernels[OUTPUT]["occupancy"]["programs"] * gpu["sms"]
+        ms = {name: m["time_ms"] if name == STAGE1 else
+              m["programs"] * m["latency_cycles_per_program"] / slots / gpu["clock_hz"] * 1e3
+              for name, m in kernels.items() if name != WALK}
+        total, peer = sum(ms.values()), c["peer"]["time_ms"]
+        rows.append([c["shape"], c["size"], fmt(c["time_ms"]), fmt(total), fmt(total / peer), fmt(ms[OUTPUT]),
+                     fmt(ms[OUTPUT] / peer), fmt(peer)])
+    return "\n".join([
+        f"== the chunked pass in one launch, at best ({LABEL}; model {data.get('model_version')}): stages 2 to 5 "
+        f"as one launch of the five stages' programs at the output kernel's residency, the walk, hand-offs, "
+        f"tickets and waits free",
+        text_table(["shape", "tokens", "five stages ms", "one launch ms", "/ peer", "output programs ms", "/ peer",
+                    "peer ms"], rows)])
+
+
 def call_key(c: dict) -> tuple:
     return c["workload"], c["shape"], c["size"]
 
@@ -187,6 +222,9 @@ def main(argv=None) -> int:
     parser.add_argument("--write-md", action="store_true",
                         help="rewrite DIR/static.md from DIR/static.json (after a GPU run or a report of a measured "
                              "commit was added: its calibration)")
+    parser.add_argument("--one-launch-floor", action="store_true",
+                        help="print what the chunked pass would take in one launch of the five stages' programs "
+                             "(one_launch_floor)")
     args = parser.parse_args(argv)
     data = json.loads((args.dir / "static.json").read_text())
     if args.write_md:
@@ -194,6 +232,8 @@ def main(argv=None) -> int:
         print(f"(written to {args.dir}/static.md)")
     elif args.calibration:
         print(static_calibration.table(data))
+    elif args.one_launch_floor:
+        print(one_launch_floor(data))
     else:
         print(readme_block(data) if args.readme else "\n".join(summary_lines(data)))
     return 0

@@ -257,3 +257,29 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
     # measured, then, then / measured, report, report / measured
     assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]
     assert "measured at" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)
+
+
+def test_one_launch_floor_by_hand():
+    """The chunked pass as one launch, at best: stage 1's time, the walk left out, every other
+    kernel's programs x latency cycles a program over (the output kernel's residency x SMs), and
+    the ratio to the peer; a call without a peer figure is left out."""
+    from bench.static_report import one_launch_floor
+
+    def kernel(name, programs, cycles, time_ms, resident=3):
+        return {"kernel": name, "chosen": True, "model": {
+            "programs": programs, "latency_cycles_per_program": cycles, "time_ms": time_ms,
+            "occupancy": {"programs": resident}}}
+
+    kernels = [kernel("_dt_cumsum_kernel", 10, 1e9, 0.004), kernel("_chunk_cb_kernel", 20, 1000.0, 1.0),
+               kernel("_chunk_state_kernel", 40, 2000.0, 1.0), kernel("_state_passing_kernel", 8, 1e9, 1.0),
+               kernel("_chunk_output_kernel", 80, 3000.0, 1.0)]
+    call = {"workload": "mamba2_scan chunked", "shape": "S", "size": 8192, "time_ms": 0.5, "kernels": kernels,
+            "peer": {"available": True, "time_ms": 0.25}}
+    data = {"gpu_model": {"sms": 2, "clock_hz": 1e9}, "model_version": "m", "calls": [
+        call, {**call, "size": 32768, "peer": {"available": False}}, {**call, "workload": "mamba2_scan recurrent"}]}
+    slots = 3 * 2
+    output = 80 * 3000 / slots / 1e9 * 1e3
+    total = 0.004 + (20 * 1000 + 40 * 2000) / slots / 1e9 * 1e3 + output
+    (row,) = one_launch_floor(data).splitlines()[2:]
+    assert row.split() == ["S", "8192", "0.5", f"{total:.3g}", f"{total / 0.25:.3g}", f"{output:.3g}",
+                           f"{output / 0.25:.3g}", "0.25"]
