@@ -1,5 +1,5 @@
 """Where one kernel's modelled latency goes, source line by source line (static model, not measured):
-python -m bench.static_lines WORKLOAD --kernel NAME [--shape NAME | --layer SPEC] [--size N] [--top K]
+python -m bench.static_lines WORKLOAD --kernel NAME [--shape NAME | --layer SPEC] [--size N] [--top K] [--per-program]
 
 The workload's launches are recorded and the kernel's first launch compiled for sm_90a as
 bench.static does; its SASS is then replayed for one warp by the model's latency rule
@@ -9,6 +9,13 @@ sum is the loop's cycles per iteration in the report). Each source line (the inn
 inlined chain) gets the cycles its instructions add, its instructions and its MUFU ones; most
 cycles first. A line's cycles are mostly its first instruction's wait on a load issued earlier:
 where to look when bench.static calls a kernel latency-bound.
+
+With --per-program the parts are what the report's latency term counts for one program: the
+call is counted by the interpreter first (as bench.static counts it: minutes for the fused pass),
+the straight-line code is the path most programs take (a mixed kernel's: every instruction's step
+weighed by the share of programs that ran its line) and each loop's steady-state iteration is
+weighed by its iterations a program, with the global load's latency at the kernel's modelled HBM
+miss rate; the parts then add up to the report's latency a program, printed beside them.
 """
 from __future__ import annotations
 
@@ -22,10 +29,13 @@ import sys  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
+from triton_static import counts as counting  # noqa: E402
 from triton_static import model, sass  # noqa: E402
 from triton_static.launches import compile_launch, recording  # noqa: E402
 
-from .static_workloads import SHAPES, WORKLOADS, parse_layer, run_call, triton_path_on_cpu  # noqa: E402
+from .common import REPO_ROOT  # noqa: E402
+from .static_workloads import (MIXED_KERNELS, SHAPES, UNALIKE_AXES, WORKLOADS, count_sizes, parse_layer,  # noqa: E402
+                               run_call, shape_record, triton_path_on_cpu)
 
 
 @dataclass
@@ -58,21 +68,56 @@ def loop_steps(body: list[sass.Instr]) -> list[float]:
     return model.replay_steps(body + body)[len(body):]
 
 
-def kernel_lines(workload: str, shape, size: int, kernel: str) -> dict:
-    """The kernel's straight-line code and loops, each as line_costs, with its registers and spills."""
+def kernel_lines(workload: str, shape, size: int, kernel: str, per_program: bool = False) -> dict:
+    """The kernel's straight-line code and loops as parts, each (title, line_costs), with its
+    registers and spills; per_program: as the report's latency term counts one program (module
+    doc), with that latency ("latency")."""
     launches = []
     with triton_path_on_cpu(), recording(launches):
         run_call(workload, shape, size)
-    chosen = [launch for launch in launches if launch.kernel == kernel]
-    if not chosen:
+    index = next((k for k, launch in enumerate(launches) if launch.kernel == kernel), None)
+    if index is None:
         raise SystemExit(f"{workload} launches no {kernel}; it launches: "
                          f"{', '.join(dict.fromkeys(launch.kernel for launch in launches))}")
-    code = sass.read(compile_launch(chosen[0]))
+    launch = launches[index]
+    code = sass.read(compile_launch(launch))
+    found = dict(kernel=launch.label(), registers=code.registers, spill_bytes=code.spill_stores)
+    if not per_program:
+        straight = code.straight
+        parts = [("straight-line code, once", line_costs(straight, model.replay_steps(straight)))]
+        parts += [(f"loop at {loop.start:#x} ({len(loop.instrs)} instructions), an iteration",
+                   line_costs(loop.instrs, loop_steps(loop.instrs))) for loop in code.loops]
+        return {**found, "parts": parts}
+    request = {"workload": workload, "shape": shape_record(shape), "sizes": count_sizes(WORKLOADS[workload]),
+               "peer": False}
+    counts = counting.extrapolate(counting.count([request], "bench.static_workloads:count_call", UNALIKE_AXES,
+                                                 cwd=REPO_ROOT)[0], size)[index]
+    return {**found, **program_parts(code, launch, counts, launch.kernel in MIXED_KERNELS)}
+
+
+def program_parts(code: sass.Code, launch, counts: dict, mixed: bool) -> dict:
+    """One program's modelled latency as the model counts it (triton_static.model.model_kernel),
+    per source line: {"parts": [(title, line_costs)], "latency": the model's cycles a program}."""
+    programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
+    km = model.model_kernel(code, launch.grid, launch.num_warps, code.mma_form, counts, mixed=mixed)
+    load = km.global_load_cycles
+    reached, lines = counts.get("reached", {}), counts.get("lines", {})
+    ran = model._ran_suffixes(reached)
     straight = code.straight
-    return dict(kernel=chosen[0].label(), registers=code.registers, spill_bytes=code.spill_stores,
-                straight=line_costs(straight, model.replay_steps(straight)),
-                loops=[dict(start=loop.start, instructions=len(loop.instrs),
-                            lines=line_costs(loop.instrs, loop_steps(loop.instrs))) for loop in code.loops])
+    shares = [model._straight_share(i, reached, programs, ran) for i in straight]
+    if mixed:  # the average program: every step weighed by its share
+        steps = [share * step for share, step in zip(shares, model.replay_steps(straight, load))]
+    else:  # the path most programs take
+        straight = [i for i, share in zip(straight, shares) if share >= 0.5]
+        steps = model.replay_steps(straight, load)
+    parts = [("straight-line code, a program", line_costs(straight, steps))]
+    for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
+        executions, _ = model._executions(loop, lines)
+        runs = (programs if executions is None else executions) / max(programs, 1)
+        third = model.replay_steps(loop.instrs * 3, load)[2 * len(loop.instrs):]  # model.replay_cycles' iteration
+        parts.append((f"loop at {loop.start:#x} ({len(loop.instrs)} instructions), {runs:.4g} iterations a program",
+                      line_costs(loop.instrs, [runs * step for step in third])))
+    return {"parts": parts, "latency": km.latency_cycles_per_program}
 
 
 def table(lines: list[Line], top: int) -> list[str]:
@@ -91,15 +136,16 @@ def main(argv=None) -> int:
                        "mamba1:dim=D,dstate=N")
     parser.add_argument("--size", type=int, default=8192, help="prefill tokens, or the decode batch")
     parser.add_argument("--top", type=int, default=15, help="lines shown per part (default 15)")
+    parser.add_argument("--per-program", action="store_true",
+                        help="as the report's latency term counts one program (counts the call first; module doc)")
     args = parser.parse_args(argv)
     shape = parse_layer(args.layer) if args.layer else SHAPES[args.shape]
-    found = kernel_lines(args.workload, shape, args.size, args.kernel)
+    found = kernel_lines(args.workload, shape, args.size, args.kernel, args.per_program)
     print(f"== {found['kernel']}: {args.workload} at {shape.name}, {args.size} "
           f"(static model, not measured): {found['registers']} registers, {found['spill_bytes']} B spilled")
-    parts = [("straight-line code, once", found["straight"])]
-    parts += [(f"loop at {loop['start']:#x} ({loop['instructions']} instructions), an iteration", loop["lines"])
-              for loop in found["loops"]]
-    for title, lines in parts:
+    if args.per_program:
+        print(f"the report's latency a program: {found['latency']:.0f} cycles, the sum of these parts")
+    for title, lines in found["parts"]:
         print(f"{title}: {sum(r.cycles for r in lines):.0f} cycles")
         print("\n".join(table(lines, args.top)))
     return 0

@@ -49,3 +49,18 @@ def test_the_command_prints_the_parts_and_names_what_is_launched():
     assert "static model, not measured" in proc.stdout
     proc = static_lines("--kernel", "_no_such_kernel")
     assert proc.returncode != 0 and "_chunk_output_kernel" in proc.stderr
+
+
+def test_per_program_parts_add_up_to_the_report_s_latency():
+    """--per-program: the parts as the report's latency term counts one program add up to the
+    latency a program the model gives, and the output kernel's source-block loop runs 1.5 times a
+    program (row blocks 0..3 of a 256-token chunk have 0..3 blocks below the diagonal)."""
+    proc = static_lines("--kernel", "_chunk_output_kernel", "--per-program", "--top", "1000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latency = next(float(line.split(": ")[1].split()[0]) for line in proc.stdout.splitlines()
+                   if line.startswith("the report's latency a program"))
+    found = parts(proc.stdout)
+    assert "straight-line code, a program" in found
+    assert abs(sum(total for total, _ in found.values()) - latency) <= len(found)  # each printed rounded
+    loops = [title for title in found if title.startswith("loop at")]
+    assert any(title.endswith(", 1.5 iterations a program") for title in loops), loops
