@@ -4,8 +4,8 @@ python -m bench.static_lines WORKLOAD --kernel NAME [--shape NAME | --layer SPEC
 The workload's launches are recorded and the kernel's first launch compiled for sm_90a as
 bench.static does; its SASS is then replayed for one warp by the model's latency rule
 (triton_static.model.replay_steps, a global load at the HBM miss's latency): the straight-line
-code once, each loop's body twice, of which the second pass is kept (a loop's steady state, whose
-sum is the loop's cycles per iteration in the report). Each source line (the innermost of an
+code once, each loop's body three times, of which the third pass is kept (a loop's steady state,
+whose sum is the loop's cycles per iteration in the report). Each source line (the innermost of an
 inlined chain) gets the cycles its instructions add, its instructions and its MUFU ones; most
 cycles first. A line's cycles are mostly its first instruction's wait on a load issued earlier:
 where to look when bench.static calls a kernel latency-bound.
@@ -63,9 +63,10 @@ def line_costs(instrs: list[sass.Instr], steps: list[float]) -> list[Line]:
     return sorted(rows, key=lambda r: -r.cycles)
 
 
-def loop_steps(body: list[sass.Instr]) -> list[float]:
-    """Each instruction's step in the second of two passes of a loop body (its steady state)."""
-    return model.replay_steps(body + body)[len(body):]
+def loop_steps(body: list[sass.Instr], global_load: float = model.LATENCY["HBM"]) -> list[float]:
+    """Each instruction's step in the third of three passes of a loop body: its steady state, the
+    iteration model.replay_cycles times (their sum is the report's cycles per iteration)."""
+    return model.replay_steps(body * 3, global_load)[2 * len(body):]
 
 
 def kernel_lines(workload: str, shape, size: int, kernel: str, per_program: bool = False) -> dict:
@@ -114,9 +115,8 @@ def program_parts(code: sass.Code, launch, counts: dict, mixed: bool) -> dict:
     for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
         executions, _ = model._executions(loop, lines)
         runs = (programs if executions is None else executions) / max(programs, 1)
-        third = model.replay_steps(loop.instrs * 3, load)[2 * len(loop.instrs):]  # model.replay_cycles' iteration
         parts.append((f"loop at {loop.start:#x} ({len(loop.instrs)} instructions), {runs:.4g} iterations a program",
-                      line_costs(loop.instrs, [runs * step for step in third])))
+                      line_costs(loop.instrs, [runs * step for step in loop_steps(loop.instrs, load)])))
     return {"parts": parts, "latency": km.latency_cycles_per_program}
 
 
