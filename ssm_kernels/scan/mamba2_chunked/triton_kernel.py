@@ -485,10 +485,10 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
 def _wait(flag_ptr, producers, counters_ptr):
     """Until every one of the flag's producers has raised it this pass: until it reaches the
     pass's generation (counters_ptr[0]) x producers. The read acquires: what they stored before
-    raising it is visible after. The generation is read here, not kept from the program's start:
-    a register less through the program's work."""
-    target = tl.load(counters_ptr) * producers
-    while tl.atomic_add(flag_ptr, 0, sem="acquire") < target:
+    raising it is visible after. The generation is read beside each poll, before it (an acquiring
+    read holds back the reads after it): one round trip a poll, and no register kept for it
+    through the program's work."""
+    while tl.load(counters_ptr) * producers > tl.atomic_add(flag_ptr, 0, sem="acquire"):
         pass
 
 
