@@ -102,7 +102,9 @@ class Config:
                    capture_seqlen=128, crossover_lengths=(16, 32, 64, 128), block_size=8, chunk_size=16,
                    timing=TimingOptions(warmup_ms=5, rep_ms=20, max_rep_ms=200, cpu_runs=5),
                    # The interpreter is slow (milliseconds per program and token): it runs the first
-                   # shape of each layout only, which covers every code path of the kernels.
+                   # shape of each layout only, which covers every code path of the kernels, and one
+                   # sequence a pass (a varlen batch of 16 took most of a dry run, 47 s for Mamba-1's
+                   # chunked kernel; the tests run every kernel on varlen batches).
                    interp_shapes=(wl.REDUCED_SHAPES[0].name, wl.REDUCED_SHAPES[3].name))
 
     def backends(self, shape=None):
@@ -153,7 +155,7 @@ class ScanBench:
             notes.append("ssm_kernels' PyTorch path (one token at a time, for CPU) is not timed on the GPU")
         else:
             notes.append(f"the Triton interpreter runs {', '.join(self.cfg.interp_shapes)} only, at "
-                         f"{self.cfg.interp_seqlen} tokens, one run each")
+                         f"{self.cfg.interp_seqlen} tokens, one sequence, one run each")
 
     # -- timing helpers ------------------------------------------------------------------------
     def timed(self, fn, interp=False):
@@ -234,7 +236,7 @@ class ScanBench:
             base["lengths"] = lengths
         reference = None
         for backend, label, interp in self.cfg.backends(shape):
-            if interp and seqlen > self.cfg.interp_seqlen:
+            if interp and (seqlen > self.cfg.interp_seqlen or varlen):
                 continue
             for alg in self.algs_on(shape, backend):
                 row = dict(base, impl="ssm_kernels", op=f"{shape.kind}_scan", backend=label,
