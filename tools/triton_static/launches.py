@@ -132,7 +132,12 @@ _compiled: dict = {}
 
 
 def compile_launch(launch: Launch):
-    """The launch's CompiledKernel for sm_90a (cached per specialisation)."""
+    """The launch's CompiledKernel for sm_90a (cached per specialisation), in a process that did
+    not import Triton under TRITON_INTERPRET=1: there Triton's own @jit functions (tl.zeros,
+    tl.sum, ...) are built for the interpreter, and a kernel that calls one cannot compile."""
+    if not isinstance(triton.language.standard.sum, JITFunction):
+        raise RuntimeError("compile_launch: this process imported Triton under TRITON_INTERPRET=1; compile "
+                           "in one that did not (python -m triton_static.specs compile does)")
     src = launch.source
     key = (launch.fn, repr(src.signature), repr(sorted(src.constants.items(), key=repr)), repr(src.attrs),
            repr(sorted(launch.options.items())))

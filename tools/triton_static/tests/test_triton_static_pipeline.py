@@ -1,62 +1,76 @@
-"""A toy kernel through the whole tool: its launch recorded and bound as a real launch binds it,
-compiled for sm_90a and read back, counted through the interpreter in a subprocess at two sizes,
-extrapolated, and modelled."""
+"""A toy kernel through the whole tool (toy_pipeline.py, in a process that does not interpret, as
+bench.static runs): its launch recorded and bound as a real launch binds it, compiled for sm_90a
+and read back, counted through the interpreter in a subprocess at two sizes, extrapolated, and
+modelled."""
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import toy_kernels
-from triton_static import calls, counts, sass
-from triton_static.launches import compile_launch, recording
+from toy_pipeline import ROWS, SIZE, SIZES
 
 HERE = Path(__file__).resolve().parent
-ROWS, SIZES, SIZE = 8, (256, 512), 1024
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
 
 
 @pytest.fixture(scope="module")
-def launch():
-    launches = []
-    with recording(launches):
-        toy_kernels.row_sum(torch.zeros(ROWS, SIZE), kernel=toy_kernels.compiled_row_sum_kernel)
-    (launch,) = launches
-    return launch
+def pipeline():
+    run = subprocess.run([sys.executable, str(HERE / "toy_pipeline.py")], env=_env(), capture_output=True,
+                         text=True, timeout=600, cwd=HERE)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def counted():
-    (by_size,) = counts.count([{"rows": ROWS, "sizes": list(SIZES)}], "toy_kernels:run", cwd=HERE)
-    return by_size
+def test_a_launch_is_recorded_as_a_real_launch_binds_it(pipeline):
+    launch = pipeline["launch"]
+    assert launch["kernel"] == "_row_sum" and launch["grid"] == [ROWS, 1, 1] and launch["config"] is None
+    assert launch["constexprs"]["BLOCK"] == toy_kernels.BLOCK
+    assert launch["args"]["n"] == SIZE and launch["args"]["x_ptr"]["shape"] == [ROWS, SIZE]
+    # 16-byte aligned storage, multiples of 16
+    assert launch["divisible"] == sorted(["x_ptr", "out_ptr", "n", "stride"])
 
 
-def test_a_launch_is_recorded_as_a_real_launch_binds_it(launch):
-    assert launch.kernel == "_row_sum" and launch.grid == (ROWS, 1, 1) and launch.config is None
-    assert launch.constexprs["BLOCK"] == toy_kernels.BLOCK
-    assert launch.args["n"] == SIZE and launch.args["x_ptr"]["shape"] == [ROWS, SIZE]
-    divisible = {launch.fn.arg_names[path[0]] for path, attrs in launch.source.attrs.items()
-                 if ["tt.divisibility", 16] in [list(a) for a in attrs]}
-    assert divisible == {"x_ptr", "out_ptr", "n", "stride"}  # 16-byte aligned storage, multiples of 16
+def test_the_launch_compiles_for_sm90_and_reads_back(pipeline):
+    code = pipeline["code"]
+    assert code["registers"] == code["ptxas_registers"] > 0 and code["spill_stores"] == code["spill_loads"] == 0
+    assert code["mma_form"] == "none" and code["global_loads"] >= 1 and code["loop_loads"] >= 1
 
 
-def test_the_launch_compiles_for_sm90_and_reads_back(launch):
-    code = sass.read(compile_launch(launch))
-    assert code.registers == code.ptxas_registers > 0 and code.spill_stores == code.spill_loads == 0
-    assert code.mma_form == "none" and sass.mix(code.instrs)["global load"] >= 1
-    assert code.loops and any(i.base == "LDG" for loop in code.loops for i in loop.instrs)
+def test_compiling_in_a_process_that_interprets_is_refused():
+    """Under TRITON_INTERPRET=1 Triton's own @jit functions (tl.zeros, tl.sum) are built for the
+    interpreter; compiling a kernel that calls one would fail inside Triton, or pass only where
+    Triton's cache already holds the kernel. compile_launch says why instead."""
+    code = ("import toy_kernels, torch\n"
+            "from triton_static.launches import compile_launch, recording\n"
+            "launches = []\n"
+            "with recording(launches):\n"
+            "    toy_kernels.row_sum(torch.zeros(2, 64), kernel=toy_kernels.jit_row_sum_kernel)\n"
+            "compile_launch(launches[0])\n")
+    run = subprocess.run([sys.executable, "-c", code], env=_env(TRITON_INTERPRET="1"), capture_output=True,
+                         text=True, timeout=600, cwd=HERE)
+    assert run.returncode != 0 and "imported Triton under TRITON_INTERPRET=1" in run.stderr, run.stderr[-3000:]
 
 
-def test_counts_are_exact_at_each_size_and_extrapolate(counted):
+def test_counts_are_exact_at_each_size_and_extrapolate(pipeline):
     for size in SIZES:
-        (c,) = counted[size]
+        (c,) = pipeline["counted"][str(size)]
         assert c["kernel"] == "_row_sum" and c["sampled"] == [2, 1, 1]  # the two ends of 8 programs
         assert c["bytes_loaded"] == ROWS * size * 4 and c["bytes_stored"] == ROWS * 4
         assert c["storages"]["x_ptr"]["size"] == ROWS * size * 4
-    (c,) = counts.extrapolate(counted, SIZE)
+    (c,) = pipeline["extrapolated"]
     assert c["bytes_loaded"] == pytest.approx(ROWS * SIZE * 4) and c["bytes_stored"] == pytest.approx(ROWS * 4)
 
 
-def test_a_call_is_modelled_from_its_launches_and_counts(launch, counted):
-    result = calls.model_call([launch], counts.extrapolate(counted, SIZE), SIZE, per_token=False)
+def test_a_call_is_modelled_from_its_launches_and_counts(pipeline):
+    result = pipeline["model"]
     (entry,) = result["kernels"]
     assert entry["chosen"] and result["kernels_launched"] == 1 and result["time_ms"] == entry["model"]["time_ms"]
     hot = entry["hot_loop"]
@@ -64,19 +78,13 @@ def test_a_call_is_modelled_from_its_launches_and_counts(launch, counted):
     assert "for start in range(0, n, BLOCK)" in hot["what"]
     m = entry["model"]
     assert m["time_ms"] == max(m[f"{k}_ms"] for k in ("memory", "tensor", "issue", "latency")) > 0
-    with pytest.raises(RuntimeError, match="differ from the recorded ones"):
-        calls.model_call([launch, launch], counts.extrapolate(counted, SIZE), SIZE, per_token=False)
+    assert "differ from the recorded ones" in pipeline["launched_twice"]
 
 
 def test_specialisations_of_a_test_run_are_recorded_and_compiled(tmp_path):
     """`python -m triton_static.specs`: a pytest run's launches under the interpreter, recorded per
     test file, then bound and compiled for sm_90a: two row widths of one alignment share a
     specialisation unless one is not a multiple of 16."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     test = tmp_path / "test_toy.py"
     test.write_text("import torch\nimport toy_kernels\n\n\ndef test_rows():\n"
                     "    for n in (64, 128, 100):\n        toy_kernels.row_sum(torch.zeros(4, n))\n")

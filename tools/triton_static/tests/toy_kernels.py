@@ -2,8 +2,8 @@
 blocks of a row, and a helper with a branch, whose source lines the model's tests refer to.
 
 `row_sum_kernel` follows TRITON_INTERPRET as this module is imported (the counts' subprocess
-interprets it); `compiled_row_sum_kernel` is the same function as a JITFunction whatever the
-mode, for recording and compiling in a test process that interprets.
+interprets it); `jit_row_sum_kernel` is the same function as a JITFunction whatever the mode, so
+that a process that interprets can record its launch.
 """
 import torch
 import triton
@@ -23,7 +23,7 @@ def _row_sum(x_ptr, out_ptr, n, stride, BLOCK: tl.constexpr):
 
 
 row_sum_kernel = triton.jit(_row_sum)
-compiled_row_sum_kernel = JITFunction(_row_sum)
+jit_row_sum_kernel = JITFunction(_row_sum)
 
 
 def row_sum(x: torch.Tensor, kernel=row_sum_kernel) -> torch.Tensor:
