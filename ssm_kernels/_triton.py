@@ -7,6 +7,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from . import _interpreter
+
 
 @triton.jit
 def cast_for_store(v, dtype: tl.constexpr):
@@ -168,6 +170,8 @@ def row_slots(i_s, length, slot_in_ptr, slot_out_ptr, has_initial_ptr, skip_slot
 EXACT_ROUNDING = dict(enable_fp_fusion=False)
 
 RUNS_ON_CPU = isinstance(softplus, InterpretedFunction)
+if RUNS_ON_CPU:
+    _interpreter.install()
 INTERPRETED = tl.constexpr(RUNS_ON_CPU)  # read by jitted helpers when they compile
 
 
