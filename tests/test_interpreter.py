@@ -65,7 +65,9 @@ def test_results_are_the_interpreters_own():
 
 
 def test_a_helper_called_outside_a_launch_still_patches(patches):
-    _interpreter.install()  # a second install changes nothing
+    installed = interpreter._patch_lang
+    _interpreter.install()
+    assert interpreter._patch_lang is installed, "a second install wrapped the wrapper"
     scope = interpreter._patch_lang(_twice_plus_one.fn)
     scope.restore()
     assert patches[0] > 0
