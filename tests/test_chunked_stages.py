@@ -4,8 +4,9 @@ that a wrong stage fails its own test: the Triton stages (through the interprete
 PyTorch path's per-chunk equivalents of stages 1, 3 and 5 (it folds stage 2 into 5, and its walk,
 stage 4, is its loop). The references themselves are checked composed, against the float64 scan.
 
-The kernels keep cs in base-2 units (cs * log2 e), and C B^T, the inner captures' partial sums and
-the chunk-start states in the matmul dtype: those conversions are made here, not in the references.
+The kernels keep cs in base-2 units (cs * log2 e), and C B^T, the chunks' own contributions, the
+inner captures' partial sums and the chunk-start states in the matmul dtype: those conversions are
+made here, not in the references.
 Tolerances (helpers.TOLERANCE): float32's for what a stage computes in float32 from its inputs,
 the matmul dtype's for what it multiplies or stores in that dtype.
 """
@@ -83,7 +84,7 @@ def make_pass(case, dtype, device):
     y = ref.chunk_output_ref(inp.x, inp.C, dt, cs, cb, start, tables, D=inp.D, z=inp.z)
     want = SimpleNamespace(dt=dt, cs=cs, decay=decay, cb=cb, states=states, partial=partial, start=start,
                            final=final, captured=captured, y=y)
-    return SimpleNamespace(inp=inp, cu_seqlens=cu, capture=capture, p=p, tables=tables, want=want,
+    return SimpleNamespace(inp=inp, cu_seqlens=cu, capture=capture, p=p, tables=tables, want=want, rows=rows,
                            mm_tol=TOLERANCE[tk.MATMUL_DTYPES[dtype]])
 
 
@@ -136,10 +137,13 @@ def test_stage3_chunk_state(case, dtype, device):
 @pytest.mark.parametrize("case", CASES)
 def test_stage4_state_passing(case, dtype, device):
     run, ws = run_stage(tk.stage4_state_passing, case, dtype, device, "states", "decay", "cs", "partial")
-    want = run.want
-    assert_rel_close(ws.start, want.start, run.mm_tol, "chunk-start states")  # stored in the matmul dtype
-    assert_rel_close(run.p.state_out, want.final, F32_TOL, "final states")
-    assert_rel_close(run.p.captured, want.captured, run.mm_tol, "captured states")  # the partials' rounding
+    # The reference walk from what the stage read: the chunks' contributions and the partials as
+    # their scratch holds them (in the matmul dtype), so that the walk itself is held to float32.
+    start, final, captured = ref.state_passing_ref(ws.states.double(), run.want.decay, run.want.cs,
+                                                   ws.partial.double(), run.tables, run.inp.initial_states, run.rows)
+    assert_rel_close(ws.start, start, run.mm_tol, "chunk-start states")  # stored in the matmul dtype
+    assert_rel_close(run.p.state_out, final, F32_TOL, "final states")
+    assert_rel_close(run.p.captured, captured, F32_TOL, "captured states")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

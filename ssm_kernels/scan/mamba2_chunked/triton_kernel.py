@@ -16,9 +16,10 @@ out (chunk or capture, head or group, ...):
 2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
    on and below the diagonal only (the causal part), in the matmul dtype.
 3. _chunk_state_kernel   (chunk + capture rows, head, P x N block): each chunk's own
-   contribution to its end state, float32; the grid rows past the chunks, one per capture
-   inside a chunk (offset j), the contribution of its chunk's first j tokens, in the matmul
-   dtype (`partial`), beside the chunks' programs rather than after them.
+   contribution to its end state, in the matmul dtype (float32 accumulation, rounded once as
+   stored: half the bytes of float32 through memory, written here and read by kernel 4); the grid
+   rows past the chunks, one per capture inside a chunk (offset j), the contribution of its
+   chunk's first j tokens, likewise (`partial`), beside the chunks' programs rather than after them.
 4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
    S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
    output kernel's operand), the final state, and the captures: at chunk starts and sequence
@@ -55,8 +56,9 @@ Matmuls: bfloat16 and float16 inputs multiply in bfloat16 (MATMUL_DTYPES: float1
 small for the chunk-start states and C B^T) with float32 accumulation (tensor cores: wgmma on
 Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
 (input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
-Inner captures of 16-bit passes carry one matmul-dtype rounding more than the final state (their
-partial's), within the 1e-2 of every 16-bit result.
+The state carried from chunk to chunk is float32; each chunk's own contribution to it, and an
+inner capture's partial, are rounded once to the matmul dtype on the way (16-bit passes), within
+the 1e-2 of every 16-bit result.
 """
 from __future__ import annotations
 
@@ -252,9 +254,12 @@ def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_
                               o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
     o_pn = o_p[:, None] * dstate + o_n[None, :]
     m_pn = m_p[:, None] & m_n[None, :]
-    if i_row < nchunks:  # float32
-        tl.store(states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_pn, acc, mask=m_pn)
-    else:  # the matmul dtype
+    # Both in the matmul dtype; the fused pass's `states` are float32 (its walks leave their end
+    # states there), so its chunks' contributions are rounded to the matmul dtype as stored here.
+    if i_row < nchunks:
+        p_own = states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_pn
+        tl.store(p_own, cast_for_store(acc, DOT_DTYPE).to(p_own.dtype.element_ty), mask=m_pn)
+    else:
         p_part = partial_ptr + ((i_row - nchunks) * nheads + i_h) * headdim * dstate + o_pn
         tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_pn)
 
@@ -327,7 +332,7 @@ def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_pt
         # (stage 3, at its last step), an inner capture's partial and log decay, the rows.
         is_first, is_last, inner = first + 0 * o != 0, last + 0 * o != 0, i_r + 0 * o >= 0
         o_ch = (c * nheads + i_h) * size + o
-        b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0)
+        b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0).to(tl.float32)
         b_decay = tl.load(decay_ptr + c * nheads + i_h)
         b_part = tl.load(partial_ptr + (tl.maximum(i_r, 0) * nheads + i_h) * size + o, mask=m & inner, other=0.0)
         b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
@@ -676,7 +681,9 @@ class Workspace:
     cs: torch.Tensor  # (nchunks, nheads, chunk) float32: cumulative log2 decay, cs_last past the end (stage 1)
     decay: torch.Tensor  # (nchunks, nheads) float32: exp(cs_last) (stage 1)
     cb: torch.Tensor  # (nchunks, ngroups, chunk, chunk) matmul dtype: C B^T on and below the diagonal (stage 2)
-    states: torch.Tensor  # (nchunks, nheads, headdim, dstate) float32: each chunk's own contribution (stage 3)
+    # (nchunks, nheads, headdim, dstate) matmul dtype (float32 on the fused pass): each chunk's own
+    # contribution (stage 3)
+    states: torch.Tensor
     partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
     start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
     # The fused pass's (stage2to5_fused), None for the five stages: its generation and next ticket
@@ -701,7 +708,8 @@ class Workspace:
 
 
 def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
-    """The workspace of a pass, unwritten (the fused pass's where FUSED_PASS is set)."""
+    """The workspace of a pass, unwritten (the fused pass's where FUSED_PASS is set: `states` in
+    float32, where its walks leave the chunks' end states)."""
     nheads, headdim, dstate, ngroups = p.dims
     chunk, nchunks, ninner = tables.chunk_size, tables.nchunks, tables.inner.shape[0]
     f32, mm = dict(dtype=torch.float32, device=p.x.device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=p.x.device)
@@ -714,7 +722,8 @@ def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
     return Workspace(
         cfg, torch.empty(nchunks, nheads, chunk, **f32),
         torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
-        torch.empty(nchunks, ngroups, chunk, chunk, **mm), torch.empty(nchunks, nheads, headdim, dstate, **f32),
+        torch.empty(nchunks, ngroups, chunk, chunk, **mm),
+        torch.empty(nchunks, nheads, headdim, dstate, **(f32 if FUSED_PASS else mm)),
         torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm),
         counters, flags)
 
