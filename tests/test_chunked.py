@@ -125,6 +125,21 @@ def test_captures_leave_y_and_final_states_bitwise_unchanged(backend, device):
     assert bare.captured_states.shape[0] == 0
 
 
+def test_output_kernel_split_over_launches_gives_the_same_bits(monkeypatch, device):
+    """A pass with more chunks than a grid's third axis holds runs the output kernel in several
+    launches, each from its first chunk: the same bits as one launch."""
+    from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
+    lengths = [40, 1, 0, 35]  # 3 + 1 + 3 chunks of 16
+    args, kw = mamba2_positional(mamba2_inputs(1, sum(lengths), **SMALL, nseq=len(lengths),
+                                               dtype=torch.bfloat16, device=device))
+    kw.update(dt_softplus=True, cu_seqlens=torch.tensor([0, 40, 41, 41, 76], device=device))
+    whole = chunked(*args, **kw, backend="triton")
+    monkeypatch.setattr(tk, "MAX_GRID_Z", 3)
+    split = chunked(*args, **kw, backend="triton")
+    assert torch.equal(split.y, whole.y) and torch.equal(split.final_states, whole.final_states)
+    assert_rel_close(whole.y, mamba2_scan_ref(*args, **kw).y, TOLERANCE[torch.bfloat16], "y")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_duplicate_and_unordered_captures_land_in_their_rows(backend, device):
     args, kw = mamba2_positional(mamba2_inputs(1, 37, **SMALL, device=device))

@@ -117,12 +117,12 @@ def test_the_recurrent_hot_loop_is_the_token_loop(report):
 def test_a_loop_of_statements_over_several_lines_counts_its_iterations(report):
     """The output kernel's loop over the source blocks below the diagonal (its statements span
     lines, which Python reports again after each call) runs i_m times in row block i_m of a chunk:
-    0..3 at chunk 256 and 64-row blocks, over grid rows of 4 programs per chunk and head."""
+    0..3 at chunk 256 and 64-row blocks, over the 4 programs per chunk and head of the grid's first axis."""
     data, _, _ = report
     (call,) = calls(data, "mamba2_scan chunked + 8 captures")
     (output,) = [e for e in chosen(call) if e["kernel"] == "_chunk_output_kernel"]
     chunks = TOKENS // 256
-    assert output["grid"] == [chunks, H, 4]
+    assert output["grid"] == [4, H, chunks]
     assert "for k0 in range(0, m0, BLOCK_M)" in output["hot_loop"]["what"]
     assert output["hot_loop"]["iterations_per_program"] == pytest.approx(6 / 4, rel=1e-4)
 

@@ -13,8 +13,8 @@ order by run_chunked_triton); the scratch they pass one another (Workspace) is c
 out (chunk or capture, head or group, ...):
 
 1. _dt_cumsum_kernel     (chunk, head):               dt', cs and the chunk's decay exp(cs_last).
-2. _chunk_cb_kernel      (chunk x group, M, K block): C B^T once per (chunk, group), the blocks
-   on and below the diagonal only (the causal part), in the matmul dtype.
+2. _chunk_cb_kernel      (chunk x group, block on or below the diagonal): C B^T once per (chunk,
+   group), the causal blocks only, in the matmul dtype.
 3. _chunk_state_kernel   (chunk + capture rows, head, P x N block): each chunk's own
    contribution to its end state, in the matmul dtype (float32 accumulation, rounded once as
    stored: half the bytes of float32 through memory, written here and read by kernel 4); the grid
@@ -29,7 +29,7 @@ out (chunk or capture, head or group, ...):
    per start or inner capture where a chunk has several, ChunkTables.steps), with no loop nested
    in it. On an engine's cache it reads each row's initial state from its slot and writes the
    final state there, and leaves skipped rows alone (as kernel 5 does their y).
-5. _chunk_output_kernel  (chunk, head, M x P block): y = exp(cs) C S0^T + the causal
+5. _chunk_output_kernel  (M x P block, head, chunk: launched in that order): y = exp(cs) C S0^T + the causal
    (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
    mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
    exp(cs_i - cs_j) factors through the last token before the row block, r: exp(cs_i - r) per
@@ -86,6 +86,7 @@ ZERO_DECAY_LOG2 = tl.constexpr(160.0)
 CHUNK_COLUMNS = tl.constexpr(len(ChunkRow._fields))
 INNER_COLUMNS = tl.constexpr(len(ChunkCapture._fields))
 STEP_COLUMNS = tl.constexpr(STEP_WIDTH)
+MAX_GRID_Z = 65535  # CUDA's limit on a grid's third axis
 
 
 @triton.jit
@@ -227,8 +228,13 @@ def _chunk_cb_program(i_c, i_g, i_m, i_k, B_ptr, C_ptr, chunks_ptr, cb_ptr, dsta
 def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
                      CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    _chunk_cb_program(tl.program_id(0).to(tl.int64) // ngroups, tl.program_id(0).to(tl.int64) % ngroups,
-                      tl.program_id(1), tl.program_id(2), B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
+    # Axis 1 numbers the blocks on and below the diagonal row by row: block (i_m, i_k) is
+    # i_m (i_m + 1) / 2 + i_k, so i_m counts the rows that end at or before i_t.
+    i_t = tl.program_id(1)
+    o = tl.arange(0, CHUNK // BLOCK_M)
+    i_m = tl.sum(((o + 1) * (o + 2) // 2 <= i_t).to(tl.int32))
+    _chunk_cb_program((tl.program_id(0) // ngroups).to(tl.int64), (tl.program_id(0) % ngroups).to(tl.int64),
+                      i_m, i_t - i_m * (i_m + 1) // 2, B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
                       s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
 
 
@@ -478,7 +484,9 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                          HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                          BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    _chunk_output_program(tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2), x_ptr,
+    # The grid is (M x P block, head, chunk): the programs that re-read a chunk's x, C and C B^T
+    # run one after another, while those are still in L2.
+    _chunk_output_program(tl.program_id(2).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(0), x_ptr,
                           C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr, slot_in_ptr,
                           skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
@@ -669,6 +677,9 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
         output=dict(num_warps=4, num_stages=2, maxnreg=168) if wide else dict(num_warps=8, num_stages=2),
+        # C B^T: a program's loop has one or two dstate blocks at 16 bits, which two stages pipeline;
+        # a third would only take shared memory (96 KB, two programs an SM, against 64 KB and three).
+        cb=dict(num_warps=4, num_stages=2),
     )
 
 
@@ -698,7 +709,7 @@ class Workspace:
 
     @property
     def launch(self) -> dict:
-        """Launch options of every stage but the output kernel's (cfg["output"])."""
+        """Launch options of the stages without their own (cfg["cb"], cfg["output"])."""
         return dict(num_warps=self.cfg["num_warps"], num_stages=self.cfg["num_stages"])
 
     @property
@@ -742,14 +753,14 @@ def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None
 
 
 def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
-    """Stage 2, a program per (chunk x group, row block, column block): ws.cb."""
+    """Stage 2, a program per (chunk x group, block on or below the diagonal): ws.cb."""
     _, _, dstate, ngroups = p.dims
     if not tables.nchunks:
         return
     nm = tables.chunk_size // ws.cfg["BLOCK_M"]
-    launch(_chunk_cb_kernel, (tables.nchunks * ngroups, nm, nm),
+    launch(_chunk_cb_kernel, (tables.nchunks * ngroups, nm * (nm + 1) // 2),
         p.B, p.C, tables.chunks, ws.cb, dstate, ngroups, *p.B.stride(), *p.C.stride(),
-        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.launch)
+        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["cb"])
 
 
 def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -800,13 +811,17 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
     out = p.state_out  # a stand-in for absent inputs
     bm, bp = ws.cfg["BLOCK_M"], ws.cfg["BLOCK_P"]
     n_pblocks = triton.cdiv(headdim, bp)
-    launch(_chunk_output_kernel, (nchunks, nheads, tables.chunk_size // bm * n_pblocks),
-        p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, tables.chunks, ws.cb, ws.start,
-        ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot,
-        headdim, dstate, nheads, nheads // ngroups, n_pblocks,
-        *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-        **flags_for(_chunk_output_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
-        BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
+    # One launch unless a pass has more chunks than a grid's third axis holds; each further launch
+    # takes the chunk-indexed tables and scratch from its first chunk on.
+    for c0 in range(0, nchunks, MAX_GRID_Z):
+        c = slice(c0, c0 + MAX_GRID_Z)
+        launch(_chunk_output_kernel, (tables.chunk_size // bm * n_pblocks, nheads, min(nchunks - c0, MAX_GRID_Z)),
+            p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt[c], ws.cs[c], tables.chunks[c], ws.cb[c],
+            ws.start[c], ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot,
+            headdim, dstate, nheads, nheads // ngroups, n_pblocks,
+            *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
+            **flags_for(_chunk_output_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
+            BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
 
 
 class FusedCounts(NamedTuple):
