@@ -680,6 +680,10 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         # C B^T: a program's loop has one or two dstate blocks at 16 bits, which two stages pipeline;
         # a third would only take shared memory (96 KB, two programs an SM, against 64 KB and three).
         cb=dict(num_warps=4, num_stages=2),
+        # dt' and its cumulative sum, a chunk's tokens a program and no loop: two warps, so that 32
+        # programs share an SM where four warps fit 16 (one wave of a (chunk, head) grid, not two, at
+        # 8192 tokens and 80 or 128 heads).
+        cumsum=dict(num_warps=2, num_stages=1),
     )
 
 
@@ -709,7 +713,7 @@ class Workspace:
 
     @property
     def launch(self) -> dict:
-        """Launch options of the stages without their own (cfg["cb"], cfg["output"])."""
+        """Launch options of the stages without their own (cfg["cumsum"], cfg["cb"], cfg["output"])."""
         return dict(num_warps=self.cfg["num_warps"], num_stages=self.cfg["num_stages"])
 
     @property
@@ -749,7 +753,7 @@ def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None
     launch(_dt_cumsum_kernel, (nchunks, nheads),
         dt, A, ptr_or(dt_bias, A), tables.chunks, ws.dt, ws.cs, ws.decay, ptr_or(ws.counters, tables.chunks), nheads,
         p.dt_min, p.dt_max, *dt.stride(), A.stride(0), *strides_or_zeros(dt_bias, 1),
-        **flags_for(_dt_cumsum_kernel, p), OPENS_FUSED=ws.fused, CHUNK=tables.chunk_size, **ws.launch)
+        **flags_for(_dt_cumsum_kernel, p), OPENS_FUSED=ws.fused, CHUNK=tables.chunk_size, **ws.cfg["cumsum"])
 
 
 def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
