@@ -10,6 +10,7 @@ from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
 from ssm_kernels._common import Sequences
 from ssm_kernels.scan.mamba2_chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
+from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
 from ssm_kernels.scan.reference import mamba2_scan_ref
 
 BACKENDS = ["triton", "torch"]
@@ -128,7 +129,6 @@ def test_captures_leave_y_and_final_states_bitwise_unchanged(backend, device):
 def test_output_kernel_split_over_launches_gives_the_same_bits(monkeypatch, device):
     """A pass with more chunks than a grid's third axis holds runs the output kernel in several
     launches, each from its first chunk: the same bits as one launch."""
-    from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
     lengths = [40, 1, 0, 35]  # 3 + 1 + 3 chunks of 16
     args, kw = mamba2_positional(mamba2_inputs(1, sum(lengths), **SMALL, nseq=len(lengths),
                                                dtype=torch.bfloat16, device=device))
