@@ -3,6 +3,8 @@
 The Triton kernels run through the interpreter here, with small chunks (16) so that short
 sequences cross several chunk boundaries and end in partial chunks.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,7 +12,10 @@ from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
 from ssm_kernels._common import Sequences
 from ssm_kernels.scan.mamba2_chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
+from ssm_kernels.scan.mamba2_chunked import tables
 from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
+from ssm_kernels.scan.mamba2_chunked.tables import plan_chunks
+from ssm_kernels._triton import launch
 from ssm_kernels.scan.reference import mamba2_scan_ref
 
 BACKENDS = ["triton", "torch"]
@@ -138,6 +143,52 @@ def test_output_kernel_split_over_launches_gives_the_same_bits(monkeypatch, devi
     split = chunked(*args, **kw, backend="triton")
     assert torch.equal(split.y, whole.y) and torch.equal(split.final_states, whole.final_states)
     assert_rel_close(whole.y, mamba2_scan_ref(*args, **kw).y, TOLERANCE[torch.bfloat16], "y")
+
+
+@pytest.mark.parametrize("lengths, varlen, starts, row_chunks", [
+    ([37, 37, 37], False, [0, 0, 0], 3),  # dense, from the grid's origin
+    ([37, 37], False, [32, 64], 3),  # dense, resumed on the grid
+    ([37, 37], False, [0, 5], 0),  # a row resumed off the grid
+    ([37], True, [16], 3),  # varlen, one sequence
+    ([37, 37], True, [0, 0], 0),  # varlen, two sequences: row 0 holds both
+    ([0, 0], False, [0, 0], 0),  # no chunks
+])
+def test_row_chunks_only_where_each_sequence_starts_its_row_on_the_grid(lengths, varlen, starts, row_chunks):
+    seqs = Sequences(None, lengths, varlen)
+    plan = plan_chunks(seqs, [], CHUNK, starts)
+    assert plan.row_chunks == row_chunks
+    if row_chunks:  # chunk c is chunk c % row_chunks of row c // row_chunks, from its index alone
+        assert plan.chunk_list == [(c // row_chunks * (not varlen), c % row_chunks * CHUNK,
+                                    min(CHUNK, lengths[0] - c % row_chunks * CHUNK))
+                                   for c in range(len(plan.chunk_list))]
+
+
+@pytest.mark.parametrize("batch, cu_seqlens, starts", [(3, None, [0, 32, 0]), (1, [0, 45], [16])])
+def test_output_kernel_spans_from_the_chunk_index_give_the_tables_bits(monkeypatch, batch, cu_seqlens, starts,
+                                                                      device):
+    """Where ChunkTables.row_chunks holds, the output kernel finds each chunk's span from its
+    index: y as from the chunk table, bit for bit."""
+    seqlen = 45 if cu_seqlens is None else cu_seqlens[-1]
+    args, kw = mamba2_positional(mamba2_inputs(batch, seqlen, **SMALL, dtype=torch.bfloat16, device=device))
+    kw.update(dt_softplus=True, start_positions=starts, capture=[(0, 20)])
+    if cu_seqlens is not None:
+        kw.update(cu_seqlens=torch.tensor(cu_seqlens, device=device))
+    row_chunks = []
+
+    def recording(kernel, grid, *a, **k):
+        if kernel is tk._chunk_output_kernel:
+            row_chunks.append(a[12])
+        launch(kernel, grid, *a, **k)
+
+    monkeypatch.setattr(tk, "launch", recording)
+    from_index = chunked(*args, **kw, backend="triton")
+    assert row_chunks == [3]
+    real = tables.plan_chunks
+    monkeypatch.setattr(tables, "plan_chunks", lambda *a: dataclasses.replace(real(*a), row_chunks=0))
+    from_table = chunked(*args, **kw, backend="triton")
+    assert torch.equal(from_index.y, from_table.y) and torch.equal(from_index.final_states, from_table.final_states)
+    kw.pop("start_positions")  # the float64 reference has no grid
+    assert_rel_close(from_index.y, mamba2_scan_ref(*args, **kw).y, TOLERANCE[torch.bfloat16], "y")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -102,7 +102,10 @@ class ChunkTables:
     On the host: row_list (chunks's rows), capture_list (every capture as a ChunkCapture, in row
     order), inner_list (those inside a chunk, 0 < offset < its length: inner's rows);
     chunk_list (the chunks, Chunk tuples: the first nchunks rows' spans); seq_chunk_list
-    (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])).
+    (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])); row_chunks: where
+    sequence s starts batch row s (a dense pass, or a varlen pass of one sequence), all of one
+    length and cut on the grid from their first token, the chunks of each (chunk c is then chunk
+    c % row_chunks of row c // row_chunks, from token (c % row_chunks) x chunk_size), else 0.
     """
 
     chunk_size: int
@@ -118,6 +121,7 @@ class ChunkTables:
     inner_list: list[ChunkCapture]
     chunk_list: list[Chunk]
     seq_chunk_list: list[int]
+    row_chunks: int
 
     @property
     def nchunks(self) -> int:
@@ -155,6 +159,7 @@ class ChunkPlan:
     capture_list: list[ChunkCapture]
     chunk_list: list[Chunk]
     seq_chunk_list: list[int]
+    row_chunks: int  # ChunkTables's
 
     steps: list[tuple]
     seq_steps: list[int]
@@ -173,7 +178,7 @@ class ChunkPlan:
         return ChunkTables(self.chunk_size, chunks.view(-1, len(ChunkRow._fields)),
                            inner.view(-1, len(ChunkCapture._fields)), steps.view(-1, STEP_WIDTH), seq_steps,
                            chunk_steps, end_bounds, end_entries, self.row_list, self.capture_list, self.inner_list,
-                           self.chunk_list, self.seq_chunk_list)
+                           self.chunk_list, self.seq_chunk_list, self.row_chunks)
 
 
 def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions: list[int]) -> ChunkPlan:
@@ -201,7 +206,11 @@ def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions
     rows = [ChunkRow(*chunk_list[c], s, c - seq_chunks[s], int(c == seq_chunks[s + 1] - 1))
             for s in range(seqs.count) for c in range(seq_chunks[s], seq_chunks[s + 1])]
     rows += [ChunkRow(0, 0, 0, s, 0, 1) for s in empty]
-    return ChunkPlan(chunk_size, rows, capture_list, chunk_list, seq_chunks,
+    # Sequence s is batch row s (dense), or the one sequence of row 0 (varlen), and all start on the grid.
+    on_grid = (not seqs.varlen or seqs.count == 1) and len(set(seqs.lengths)) == 1 \
+        and all(a % chunk_size == 0 for a in start_positions)
+    row_chunks = -(-seqs.lengths[0] // chunk_size) if on_grid else 0
+    return ChunkPlan(chunk_size, rows, capture_list, chunk_list, seq_chunks, row_chunks,
                      *_walk(rows, capture_list, len(chunk_list), seq_chunks, seqs.count))
 
 

@@ -398,18 +398,19 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
 
 
 @triton.jit
-def _chunk_output_program(i_c, i_h, i_mp, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr,
-                          start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
+                          cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
+                          n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                           HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                           HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Stage 5's program for chunk i_c, head i_h and M x P block i_mp."""
+    """Stage 5's program for chunk i_c, head i_h and M x P block i_mp; the chunk's span (batch row,
+    first token, length, sequence) as _chunk_span gives it."""
     i_m = i_mp // n_pblocks
     i_p = i_mp % n_pblocks
     i_g = i_h // heads_per_group
-    i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
     # A skipped row (an engine's padding) writes no y: its store is masked, so that no wait on its
     # slot comes before the program's other loads.
     _, _, live, _, _ = row_slots(i_s, n_tok, slot_in_ptr, slot_in_ptr, slot_in_ptr, skip_slot, HAS_SLOT_IN, False,
@@ -476,9 +477,10 @@ def _chunk_output_program(i_c, i_h, i_mp, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=tl.where(live, m_mp, False))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_chunks", "seqlen"])
 def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
-                         slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+                         slot_in_ptr, skip_slot, row_chunks, seqlen, headdim, dstate, nheads, heads_per_group,
+                         n_pblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
@@ -486,9 +488,21 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                          BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # The grid is (M x P block, head, chunk): the programs that re-read a chunk's x, C and C B^T
     # run one after another, while those are still in L2.
-    _chunk_output_program(tl.program_id(2).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(0), x_ptr,
-                          C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr, slot_in_ptr,
-                          skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+    i_c = tl.program_id(2).to(tl.int64)
+    # Where sequence s starts batch row s and each is cut on the grid from its first token into
+    # row_chunks > 0 chunks (ChunkTables.row_chunks: seqlen tokens each), the chunk's span is found
+    # from its index: no round trip to the table before the program's loads. A branch, not a
+    # second binary: every pass runs the same code on its tiles.
+    if row_chunks > 0:
+        i_b = i_c // row_chunks
+        t0 = (i_c % row_chunks) * CHUNK
+        n_tok = tl.minimum(seqlen - t0, CHUNK)
+        i_s = i_b
+    else:
+        i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
+    _chunk_output_program(i_c, tl.program_id(1).to(tl.int64), tl.program_id(0), i_b, t0, n_tok, i_s, x_ptr, C_ptr,
+                          D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim,
+                          dstate, nheads, heads_per_group, n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                           HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE)
@@ -618,13 +632,14 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 i_m = (r - n_state - n_walk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
                 _wait(p_walk_flags + f_c, N_PASS, counters_ptr)
                 _wait(p_cb_flags + ((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m, NM, counters_ptr)
-                _chunk_output_program((g - 2).to(tl.int64), ((r - n_state - n_walk) // N_MP).to(tl.int64),
-                                      (r - n_state - n_walk) % N_MP, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
-                                      chunks_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads,
-                                      heads_per_group, n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g,
-                                      s_C_n, s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D,
-                                      DOT_DTYPE)
+                i_c = (g - 2).to(tl.int64)
+                i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
+                _chunk_output_program(i_c, ((r - n_state - n_walk) // N_MP).to(tl.int64), (r - n_state - n_walk) % N_MP,
+                                      i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr,
+                                      start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
+                                      n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                                      s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE)
         else:
             if g < nchunks:  # chunk g's C B^T, a block of a group's
                 r_cb = r - n_state - n_walk - n_out
@@ -816,13 +831,14 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
     bm, bp = ws.cfg["BLOCK_M"], ws.cfg["BLOCK_P"]
     n_pblocks = triton.cdiv(headdim, bp)
     # One launch unless a pass has more chunks than a grid's third axis holds; each further launch
-    # takes the chunk-indexed tables and scratch from its first chunk on.
+    # takes the chunk-indexed tables and scratch from its first chunk on (and the table's spans).
+    row_chunks = tables.row_chunks if nchunks <= MAX_GRID_Z else 0
     for c0 in range(0, nchunks, MAX_GRID_Z):
         c = slice(c0, c0 + MAX_GRID_Z)
         launch(_chunk_output_kernel, (tables.chunk_size // bm * n_pblocks, nheads, min(nchunks - c0, MAX_GRID_Z)),
             p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt[c], ws.cs[c], tables.chunks[c], ws.cb[c],
             ws.start[c], ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot,
-            headdim, dstate, nheads, nheads // ngroups, n_pblocks,
+            row_chunks, p.seqs.lengths[0] if row_chunks else 0, headdim, dstate, nheads, nheads // ngroups, n_pblocks,
             *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
             **flags_for(_chunk_output_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
             BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
