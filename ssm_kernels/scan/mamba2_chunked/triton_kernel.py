@@ -34,7 +34,9 @@ out (chunk or capture, head or group, ...):
    mask, whose x tile also serves D x; gated by silu(z). Below the diagonal the decay
    exp(cs_i - cs_j) factors through the last token before the row block, r: exp(cs_i - r) per
    row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
-   costs a multiply instead of an exp; the diagonal block takes one exp per element.
+   costs a multiply instead of an exp; the diagonal block takes one exp per element. A program
+   reads its chunk's span from the chunk table, or finds it from the chunk's index where each
+   sequence starts its own batch row on the grid (ChunkTables.row_chunks).
 
 The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 2 to 5 in one launch
 (_fused_pass_kernel, stage2to5_fused) with the same program functions as their kernels: its
