@@ -11,11 +11,11 @@ import torch
 from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
 from ssm_kernels._common import Sequences
+from ssm_kernels._triton import launch
 from ssm_kernels.scan.mamba2_chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
-from ssm_kernels.scan.mamba2_chunked import tables
+from ssm_kernels.scan.mamba2_chunked import tables as chunk_tables
 from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
 from ssm_kernels.scan.mamba2_chunked.tables import plan_chunks
-from ssm_kernels._triton import launch
 from ssm_kernels.scan.reference import mamba2_scan_ref
 
 BACKENDS = ["triton", "torch"]
@@ -173,18 +173,18 @@ def test_output_kernel_spans_from_the_chunk_index_give_the_tables_bits(monkeypat
     kw.update(dt_softplus=True, start_positions=starts, capture=[(0, 20)])
     if cu_seqlens is not None:
         kw.update(cu_seqlens=torch.tensor(cu_seqlens, device=device))
-    row_chunks = []
+    row_chunks, at = [], tk._chunk_output_kernel.arg_names.index("row_chunks")
 
     def recording(kernel, grid, *a, **k):
         if kernel is tk._chunk_output_kernel:
-            row_chunks.append(a[12])
+            row_chunks.append(a[at])
         launch(kernel, grid, *a, **k)
 
     monkeypatch.setattr(tk, "launch", recording)
     from_index = chunked(*args, **kw, backend="triton")
     assert row_chunks == [3]
-    real = tables.plan_chunks
-    monkeypatch.setattr(tables, "plan_chunks", lambda *a: dataclasses.replace(real(*a), row_chunks=0))
+    real = chunk_tables.plan_chunks
+    monkeypatch.setattr(chunk_tables, "plan_chunks", lambda *a: dataclasses.replace(real(*a), row_chunks=0))
     from_table = chunked(*args, **kw, backend="triton")
     assert torch.equal(from_index.y, from_table.y) and torch.equal(from_index.final_states, from_table.final_states)
     kw.pop("start_positions")  # the float64 reference has no grid
