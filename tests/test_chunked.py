@@ -327,6 +327,20 @@ def test_bad_algorithm_and_chunk_size(changes, error, message):
         mamba2_scan(*args, **kw)
 
 
+def test_a_stride_too_large_for_the_kernels_tile_offsets_is_refused():
+    """The kernels offset a chunk's tokens in int32: chunk_size x a stride along the sequence of
+    2^21 elements reaches 2^31, and is refused rather than wrapped."""
+    inputs = mamba2_inputs(1, 2, **SMALL, dtype=torch.bfloat16)
+    x = inputs["x"]
+    wide = torch.zeros(1, 2, 2 ** 21, dtype=torch.bfloat16)
+    args, kw = mamba2_positional(dict(inputs, x=wide[..., :x[0, 0].numel()].unflatten(2, x.shape[2:]).copy_(x)))
+    with pytest.raises(ValueError, match="chunk_size x .stride along the sequence. < 2.31; a stride of 2097152"):
+        chunked(*args, **kw, backend="triton", chunk_size=1024)
+    strided = chunked(*args, **kw, backend="triton", chunk_size=512)
+    args, kw = mamba2_positional(inputs)
+    assert torch.equal(strided.y, chunked(*args, **kw, backend="triton", chunk_size=512).y)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_model_size_on_gpu(dtype):

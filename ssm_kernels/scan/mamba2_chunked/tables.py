@@ -74,7 +74,6 @@ class Step(NamedTuple):
 # (64 bytes): a row's address is its index shifted.
 STEP_WIDTH = 8
 _STEP_PADDING = (0,) * (STEP_WIDTH - len(Step._fields))
-_LAST_ROW = (0,) * STEP_WIDTH  # read a step ahead by the walk's last step, never run
 
 
 @dataclass(frozen=True)
@@ -91,9 +90,8 @@ class ChunkTables:
     The Triton stages' walk over the captures (stages 3 and 4; one asked for twice is computed
     twice, the same way):
     inner: (ninner, 3): inner_list's rows (entry, chunk, offset), in chunk order.
-    steps: (nsteps + 1, STEP_WIDTH): the state-passing walk, a Step a row (and a padding column),
-        one step a chunk, or more where a chunk has several start or inner captures. A row of
-        zeros follows the last step (the walk reads each row a step ahead).
+    steps: (nsteps, STEP_WIDTH): the state-passing walk, a Step a row (and a padding column),
+        one step a chunk, or more where a chunk has several start or inner captures.
     seq_steps: (nseq + 1,): sequence s walks steps [seq_steps[s], seq_steps[s + 1]).
     chunk_steps: (nchunks + 1,): chunk c's steps are [chunk_steps[c], chunk_steps[c + 1]) (the fused
         pass walks a chunk at a time).
@@ -241,7 +239,6 @@ def _walk(rows: list[ChunkRow], capture_list: list[ChunkCapture], nchunks: int, 
                 steps.append((*step, *_STEP_PADDING))
             chunk_steps.append(len(steps))
         seq_steps.append(len(steps))
-    steps.append(_LAST_ROW)
     end_bounds = [0]
     for entries in ends:
         end_bounds.append(end_bounds[-1] + len(entries))

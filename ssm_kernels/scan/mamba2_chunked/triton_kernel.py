@@ -27,7 +27,8 @@ out (chunk or capture, head or group, ...):
    float32 S0 it holds and the partial (kernel 3). It streams a flat P*N block per program, so
    it is many programs moving memory, not one walk per head; its walk has one step a chunk (one
    per start or inner capture where a chunk has several, ChunkTables.steps), with no loop nested
-   in it. On an engine's cache it reads each row's initial state from its slot and writes the
+   in it, and Triton pipelines it: each step's table row and loads are requested two steps ahead.
+   On an engine's cache it reads each row's initial state from its slot and writes the
    final state there, and leaves skipped rows alone (as kernel 5 does their y).
 5. _chunk_output_kernel  (M x P block, head, chunk: launched in that order): y = exp(cs) C S0^T + the causal
    (C B^T * decay * dt') x, block by block below the diagonal, then the diagonal block with its
@@ -209,8 +210,8 @@ def _chunk_cb_program(i_c, i_g, i_m, i_k, B_ptr, C_ptr, chunks_ptr, cb_ptr, dsta
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         o_k = i_k * BLOCK_M + tl.arange(0, BLOCK_M)
         o_d = tl.arange(0, BLOCK_D)
-        p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
-        p_BT = B_ptr + i_b * s_B_b + (t0 + o_k)[None, :] * s_B_t + i_g * s_B_g
+        p_C = C_ptr + (i_b * s_C_b + t0 * s_C_t + i_g * s_C_g) + o_m[:, None] * s_C_t
+        p_BT = B_ptr + (i_b * s_B_b + t0 * s_B_t + i_g * s_B_g) + o_k[None, :] * s_B_t
         acc = tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32)
         for d0 in range(0, dstate, BLOCK_D):
             m_d = d0 + o_d < dstate
@@ -326,18 +327,18 @@ def _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h,
 @triton.jit
 def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr,
           capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size, HAS_SKIP: tl.constexpr,
-          CHUNK: tl.constexpr):
+          CHUNK: tl.constexpr, WALK_STAGES: tl.constexpr):
     """Steps [t_begin, t_end) of ChunkTables.steps from `state` (a flat block, offsets o, mask m):
-    stores each chunk's start state and the captures on the way; returns the state after them."""
-    # One step a chunk, or one per start or inner capture (ChunkTables.steps): a loop nested in
-    # the walk would keep the compiler from pipelining it. Each step's table row is loaded a
-    # step ahead, so that the step's own loads wait on nothing but their issue.
-    c, first, last, start_entry, i_r, inner_entry, j = _step_row(steps_ptr, t_begin)
-    for t in range(t_begin, t_end):
-        # the next row (the table ends with a padding row)
-        c_n, first_n, last_n, start_entry_n, i_r_n, inner_entry_n, j_n = _step_row(steps_ptr, t + 1)
-        # Loads first, so that their latencies overlap: the chunk's own contribution and decay
-        # (stage 3, at its last step), an inner capture's partial and log decay, the rows.
+    stores each chunk's start state and the captures on the way; returns the state after them.
+
+    One step a chunk, or one per start or inner capture (ChunkTables.steps): a loop nested in the
+    walk would keep the compiler from pipelining it. With WALK_STAGES > 1 Triton's pipeliner requests
+    a step's table row and, from it, the step's loads WALK_STAGES - 1 steps ahead: a step's work is far
+    shorter than a load, so a walk that waited on each step's loads was bound by their latency."""
+    for t in tl.range(t_begin, t_end, num_stages=WALK_STAGES):
+        c, first, last, start_entry, i_r, inner_entry, j = _step_row(steps_ptr, t)
+        # The chunk's own contribution and decay (stage 3, at its last step), an inner capture's
+        # partial and log decay, the capture rows.
         is_first, is_last, inner = first + 0 * o != 0, last + 0 * o != 0, i_r + 0 * o >= 0
         o_ch = (c * nheads + i_h) * size + o
         b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0).to(tl.float32)
@@ -357,8 +358,6 @@ def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_pt
         # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on
         # how the compiler contracts it in each specialisation.
         state = tl.where(is_last, tl.fma(b_decay, state, b_own), state)
-        c, first, last, start_entry, i_r, inner_entry, j = c_n, first_n, last_n, start_entry_n, i_r_n, \
-            inner_entry_n, j_n
     return state
 
 
@@ -381,7 +380,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
                           s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                           HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                           HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, WALK_STAGES: tl.constexpr):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     # An engine's cache: the row's slot, read and written in place; a skipped row does nothing.
@@ -394,7 +393,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
                                HAS_INITIAL_STATE, BLOCK)
         state = _walk(state, tl.load(seq_steps_ptr + i_s), tl.load(seq_steps_ptr + i_s + 1), i_h, o, m, p_cap,
                       s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr, capture_rows_ptr, partial_ptr, start_ptr,
-                      skip_slot, nheads, headdim * dstate, HAS_SKIP, CHUNK)
+                      skip_slot, nheads, headdim * dstate, HAS_SKIP, CHUNK, WALK_STAGES)
         _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h, s_out_p,
                      s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
 
@@ -412,7 +411,7 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
     first token, length, sequence) as _chunk_span gives it."""
     i_m = i_mp // n_pblocks
     i_p = i_mp % n_pblocks
-    i_g = i_h // heads_per_group
+    i_g = i_h.to(tl.int32) // heads_per_group
     # A skipped row (an engine's padding) writes no y: its store is masked, so that no wait on its
     # slot comes before the program's other loads.
     _, _, live, _, _ = row_slots(i_s, n_tok, slot_in_ptr, slot_in_ptr, slot_in_ptr, skip_slot, HAS_SLOT_IN, False,
@@ -435,11 +434,11 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
         o_d = tl.arange(0, BLOCK_D)
         m_m = o_m < n_tok
         m_mp = m_m[:, None] & m_p[None, :]
-        p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h + o_p[None, :] * s_x_p
+        p_x = x_ptr + (i_b * s_x_b + t0 * s_x_t + i_h * s_x_h) + o_p[None, :] * s_x_p
         p_cb = cb_ptr + (i_c * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK
 
         # Inter-chunk term: the chunk-start state read out by C, decayed to the token before the rows.
-        p_C = C_ptr + i_b * s_C_b + (t0 + o_m)[:, None] * s_C_t + i_g * s_C_g
+        p_C = C_ptr + (i_b * s_C_b + t0 * s_C_t + i_g * s_C_g) + o_m[:, None] * s_C_t
         p_S0T = start_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[None, :] * dstate
         acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
         for d0 in range(0, dstate, BLOCK_D):
@@ -472,10 +471,10 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
         if HAS_D:
             acc += b_D[None, :] * b_x.to(tl.float32)
         if HAS_Z:
-            b_z = tl.load(z_ptr + i_b * s_z_b + (t0 + o_m)[:, None] * s_z_t + i_h * s_z_h + o_p[None, :] * s_z_p,
-                          mask=m_mp, other=0.0).to(tl.float32)
+            p_z = z_ptr + (i_b * s_z_b + t0 * s_z_t + i_h * s_z_h) + o_m[:, None] * s_z_t + o_p[None, :] * s_z_p
+            b_z = tl.load(p_z, mask=m_mp, other=0.0).to(tl.float32)
             acc = acc * b_z * tl.sigmoid(b_z)
-        p_y = y_ptr + i_b * s_y_b + (t0 + o_m)[:, None] * s_y_t + i_h * s_y_h + o_p[None, :] * s_y_p
+        p_y = y_ptr + (i_b * s_y_b + t0 * s_y_t + i_h * s_y_h) + o_m[:, None] * s_y_t + o_p[None, :] * s_y_p
         tl.store(p_y, cast_for_store(acc, p_y.dtype.element_ty), mask=tl.where(live, m_mp, False))
 
 
@@ -489,19 +488,25 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                          HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                          BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # The grid is (M x P block, head, chunk): the programs that re-read a chunk's x, C and C B^T
-    # run one after another, while those are still in L2.
-    i_c = tl.program_id(2).to(tl.int64)
+    # run one after another, while those are still in L2. Index arithmetic that cannot overflow
+    # (the chunk's index, the token offsets inside it, the group) is int32 and the tiles' offsets
+    # are int32 from int64 base pointers: 64-bit divisions and per-element 64-bit offsets took
+    # instructions from this issue-bound kernel.
+    pid_c = tl.program_id(2)
+    i_c = pid_c.to(tl.int64)
     # Where sequence s starts batch row s and each is cut on the grid from its first token into
     # row_chunks > 0 chunks (ChunkTables.row_chunks: seqlen tokens each), the chunk's span is found
     # from its index: no round trip to the table before the program's loads. A branch, not a
     # second binary: every pass runs the same code on its tiles.
     if row_chunks > 0:
-        i_b = i_c // row_chunks
-        t0 = (i_c % row_chunks) * CHUNK
-        n_tok = tl.minimum(seqlen - t0, CHUNK)
+        i_b = (pid_c // row_chunks).to(tl.int64)
+        t0_32 = (pid_c % row_chunks) * CHUNK
+        n_tok = tl.minimum(seqlen - t0_32, CHUNK).to(tl.int32)
+        t0 = t0_32.to(tl.int64)
         i_s = i_b
     else:
         i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
+        n_tok = n_tok.to(tl.int32)
     _chunk_output_program(i_c, tl.program_id(1).to(tl.int64), tl.program_id(0), i_b, t0, n_tok, i_s, x_ptr, C_ptr,
                           D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr, start_ptr, slot_in_ptr, skip_slot, headdim,
                           dstate, nheads, heads_per_group, n_pblocks,
@@ -621,7 +626,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 if live:
                     state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
                                   steps_ptr, capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size,
-                                  HAS_SKIP, CHUNK)
+                                  HAS_SKIP, CHUNK, 1)
                     if last != 0:
                         _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s,
                                      s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
@@ -690,6 +695,7 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
         BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
         PASS_BLOCK=2048,  # state elements per state-passing program (128 heads of 64 x 128: one wave, modelled)
+        WALK_STAGES=3,  # the walk's steps in flight: its loads requested two steps ahead (_walk)
         num_warps=4, num_stages=3 if wide else 2,
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
@@ -819,7 +825,7 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
         ptr_or(p.has_initial, stand_in), ptr_or(ws.start, out), out, ptr_or(captured, out),
         0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4),
         *out.stride(), *captured.stride(), **flags_for(_state_passing_kernel, p), CHUNK=tables.chunk_size,
-        BLOCK=block, **ws.launch)
+        BLOCK=block, WALK_STAGES=ws.cfg["WALK_STAGES"], **ws.launch)
 
 
 def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -931,6 +937,11 @@ def run_chunked_triton(p: ScanProblem, tables: ChunkTables, ws: Workspace | None
     p.state_out and p.captured. ws: a workspace of this pass's shapes to reuse (a serving step's
     layers share one), else a new one."""
     assert not p.a_per_state and p.state_out_index is None, "the chunked scan serves mamba2_scan only"
+    # The kernels offset a tile's tokens from its chunk's first one in int32.
+    stride = max(abs(t.stride(1)) for t in (p.x, p.B, p.C, p.y, p.z) if t is not None)
+    if tables.chunk_size * stride >= 2 ** 31:
+        raise ValueError(f"the chunked scan needs chunk_size x (stride along the sequence) < 2^31; a stride of "
+                         f"{stride} elements is too large for chunk_size={tables.chunk_size}: pass contiguous inputs")
     ws = ws or new_workspace(p, tables)
     for stage in FUSED_STAGES if ws.fused else STAGES:
         stage(p, tables, ws)
