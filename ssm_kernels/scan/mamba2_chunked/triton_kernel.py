@@ -938,10 +938,11 @@ def run_chunked_triton(p: ScanProblem, tables: ChunkTables, ws: Workspace | None
     layers share one), else a new one."""
     assert not p.a_per_state and p.state_out_index is None, "the chunked scan serves mamba2_scan only"
     # The kernels offset a tile's tokens from its chunk's first one in int32.
-    stride = max(abs(t.stride(1)) for t in (p.x, p.B, p.C, p.y, p.z) if t is not None)
+    stride, name = max((abs(t.stride(1)), name) for name, t in (("x", p.x), ("B", p.B), ("C", p.C), ("y", p.y),
+                                                                 ("z", p.z)) if t is not None)
     if tables.chunk_size * stride >= 2 ** 31:
-        raise ValueError(f"the chunked scan needs chunk_size x (stride along the sequence) < 2^31; a stride of "
-                         f"{stride} elements is too large for chunk_size={tables.chunk_size}: pass contiguous inputs")
+        raise ValueError(f"the chunked scan needs chunk_size x (stride along the sequence) < 2^31; {name}'s stride "
+                         f"of {stride} elements is too large for chunk_size={tables.chunk_size}: pass it contiguous")
     ws = ws or new_workspace(p, tables)
     for stage in FUSED_STAGES if ws.fused else STAGES:
         stage(p, tables, ws)
