@@ -121,6 +121,15 @@ def session(model, ids, chunks, decode, cache=None, start=0):
     return torch.cat(outs, 1), cache
 
 
+def assert_token_counts(cache, layers, n):
+    """Each SSM layer of the cache counts n tokens, where the release keeps a count (transformers
+    5.25 on: what get_seq_length returns and generate feeds the prompt past; none before)."""
+    if not hasattr(hf_cache.linear_layer(cache, layers[0]), "cumulative_length_linear"):
+        return
+    counts = {i: int(hf_cache.linear_layer(cache, i).cumulative_length_linear) for i in layers}
+    assert counts == dict.fromkeys(layers, n), f"token counts {counts}, expected {n}"
+
+
 def reference(model, ids, chunks, decode):
     """transformers' own logits (and cache) for session(model, ids, chunks, decode).
 
@@ -190,6 +199,7 @@ def test_logits_match_transformers(family, device):
         ours, theirs = hf_cache.linear_layer(cache, i), hf_cache.linear_layer(ref_cache, i)
         assert_rel_close(ours.recurrent_states[0], theirs.recurrent_states[0], TOL, f"layer {i} SSM state")
         assert_rel_close(ours.conv_states[0], theirs.conv_states[0], TOL, f"layer {i} conv state")
+    assert_token_counts(cache, ssm_layer_ids(model), PROMPT + DECODE)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -221,8 +231,10 @@ def test_capture_then_restore_continues(family, device):
             state.recurrent_states[0].normal_()
             state.conv_states[0].normal_()
     restore_states(model, cache, snaps.at(at), position=at)
+    assert_token_counts(cache, layers, at)
     out, _ = session(model, ids, [PROMPT - at], dec, cache=cache, start=at)
     assert_rel_close(out, ref[:, at:], TOL, f"continuation from the snapshot at {at}")
+    assert_token_counts(cache, layers, PROMPT + DECODE)
 
     # and the adapter knows where the restored cache is: a later capture lands at the right place
     with capture_states(model, offsets=[0]) as again:

@@ -399,7 +399,7 @@ def restore_states(model, cache, snapshots, *, position: int | None = None):
 
     adapter = getattr(model, _ADAPTER_ATTR, None)
     for layer_idx, full, ssm in writes:
-        hf_cache.set_states(cache, layer_idx, full, ssm)
+        hf_cache.set_states(cache, layer_idx, full, ssm, at)
         if adapter is not None:
             adapter.set_position(cache, layer_idx, at)
     return cache

@@ -1,4 +1,4 @@
-"""transformers' cache as the adapters see it, the same in transformers 5.17 through 5.24.
+"""transformers' cache as the adapters see it, in transformers 5.17 through 5.25.
 
 An SSM layer's entry in a transformers ``Cache`` (``DynamicCache(config=...)``) is a
 linear-attention cache layer holding, for state index 0:
@@ -8,7 +8,11 @@ linear-attention cache layer holding, for state index 0:
     recurrent_states[0]: the SSM state, float32 on transformers' PyTorch path.
     has_previous_state[0]: whether the layer holds a state from an earlier pass.
     record_past: whether conv states keep their history for a later crop.
-Only attributes and methods present in every 5.x release from 5.17 are used here.
+    cumulative_length_linear (from 5.25): the tokens the layer has seen, what its get_seq_length
+        returns and generate feeds the prompt past; update_conv_state adds a pass's length, and
+        cache.increase_count one token of a step that updated the states in place.
+Only attributes and methods present in every 5.x release from 5.17 are used here, and the count
+where a release keeps one.
 """
 from __future__ import annotations
 
@@ -74,8 +78,17 @@ def write_pass(cache, layer_idx: int, conv_input: torch.Tensor, conv_kernel: int
     cache.update_recurrent_state(ssm_state, layer_idx=layer_idx)
 
 
-def set_states(cache, layer_idx: int, conv_full: torch.Tensor, ssm_state: torch.Tensor) -> None:
-    """Overwrite a layer's states (restore): conv_full (batch, conv_dim, conv_kernel), ssm_state.
+def count_step(cache, layer_idx: int) -> None:
+    """A one-token step that updated the layer's states in place, counted as transformers' own
+    step counts it (releases that keep no count have no increase_count)."""
+    increase = getattr(cache, "increase_count", None)
+    if increase is not None:
+        increase(layer_idx, 0)
+
+
+def set_states(cache, layer_idx: int, conv_full: torch.Tensor, ssm_state: torch.Tensor, position: int) -> None:
+    """Overwrite a layer's states (restore) with those at ``position``: conv_full (batch, conv_dim,
+    conv_kernel), ssm_state; the layer's token count (where the release keeps one) set to position.
 
     Shapes are checked by the caller; an initialized state is overwritten in place (its address
     stays the same, as transformers keeps it for CUDA graphs).
@@ -92,6 +105,9 @@ def set_states(cache, layer_idx: int, conv_full: torch.Tensor, ssm_state: torch.
         layer.has_previous_state[0] = False  # so that update_conv_state stores rather than appends
         cache.update_conv_state(conv_full, layer_idx, conv_kernel_size=conv_kernel)
     cache.update_recurrent_state(ssm_state, layer_idx=layer_idx)
+    count = getattr(layer, "cumulative_length_linear", None)
+    if count is not None:
+        count.fill_(position)
 
 
 def attention_lengths(cache) -> dict[int, int]:

@@ -305,6 +305,7 @@ def mamba2_forward(self, hidden_states, *args, **kwargs):
         if state is not ssm_state:
             ssm_state.copy_(state)
         conv_state.copy_(new_conv)
+        hf_cache.count_step(cache, self.layer_idx)
         ssm_caps = _decode_caps(offsets, before, state)
         y = y.reshape(batch, 1, inter)
     else:
@@ -385,6 +386,7 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
     if new_conv is not None:  # decode: update transformers' states in place
         ssm_state.copy_(result.final_states)
         conv_state.copy_(new_conv)
+        hf_cache.count_step(cache, self.layer_idx)
     elif cache is not None:
         hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states)
     ctx.end(cache, start, seqlen, offsets, conv_caps, ssm_caps)
