@@ -51,6 +51,8 @@ PEERS=${PEERS:-.peers}
 # Shards balanced by each file's compile seconds, measured without a GPU (bench/README.md).
 WEIGHTS=${WEIGHTS:-bench/results/2026-12-01-compile/compile.json}
 [ -d "$PEERS" ] && export PYTHONPATH="$(realpath "$PEERS")${PYTHONPATH:+:$PYTHONPATH}"
+# The static tool (bench.host records launches with it) lives in tools/, on the path of an installed tree only.
+export PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$DRY_RUN" = 1 ]; then REDUCED_FLAG="--reduced"; else REDUCED_FLAG=""; fi
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then KIND=gpu; else KIND=cpu; fi
 [ "$DRY_RUN" = 1 ] && KIND=$KIND-reduced

@@ -75,7 +75,7 @@ def int_tables(device: torch.device, *tables: list) -> list[torch.Tensor]:
             else:
                 flat.append(v)
         spans.append((start, len(flat)))
-    host = torch.tensor(flat, dtype=torch.int64)
+    host = torch.tensor(flat, dtype=torch.int64, device="cpu")  # whatever torch's default device
     if device.type == "cuda":
         host = host.pin_memory().to(device, non_blocking=True)
     elif host.device != device:

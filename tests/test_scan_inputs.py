@@ -92,6 +92,23 @@ def varlen_call(cu, seqlen=10):
     return mamba2_scan(*args, **kw, cu_seqlens=torch.tensor(cu))
 
 
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+def test_torch_default_device_does_not_move_the_host_tables(algorithm):
+    """The host lists a pass turns into index tensors (captures, sequences, chunks) are built on the
+    CPU whatever torch's default device is (an engine may set it to cuda, where pinning them failed):
+    here "meta", which holds no data, so a table built there could not be copied."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 40, nseq=2))
+    cu = torch.tensor([0, 17, 40])
+    chunk = dict(chunk_size=16) if algorithm == "chunked" else {}
+    want = mamba2_scan(*args, **kw, cu_seqlens=cu, capture=[(0, 1), (1, 20)], algorithm=algorithm, **chunk)
+    torch.set_default_device("meta")
+    try:
+        got = mamba2_scan(*args, **kw, cu_seqlens=cu, capture=[(0, 1), (1, 20)], algorithm=algorithm, **chunk)
+    finally:
+        torch.set_default_device("cpu")
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_empty_capture_tensor_means_no_captures():
     out = call_m2(capture=torch.empty(0, 2, dtype=torch.int64))
     assert out.captured_states.shape == (0, 4, 8, 16)

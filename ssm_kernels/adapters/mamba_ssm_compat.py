@@ -134,8 +134,8 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 def _check_seq_idx(seq_idx, cu_seqlens, seqlen):
     """With cu_seqlens, seq_idx must say what it says: token t of sequence s has seq_idx[0, t] == s."""
     bounds = cu_seqlens.tolist()
-    want = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(
-        [max(b - a, 0) for a, b in zip(bounds, bounds[1:])], dtype=torch.int64))
+    want = torch.repeat_interleave(torch.arange(len(bounds) - 1, device="cpu"), torch.tensor(
+        [max(b - a, 0) for a, b in zip(bounds, bounds[1:])], dtype=torch.int64, device="cpu"))
     got = seq_idx[0].to("cpu", torch.int64)
     if got.shape != want.shape or not torch.equal(got, want):
         bad = next((t for t in range(min(len(got), len(want))) if got[t] != want[t]), min(len(got), len(want)))

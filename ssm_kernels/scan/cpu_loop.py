@@ -97,7 +97,7 @@ class CompiledPass:
             self.A = _f32(p.A.transpose(1, 2)) if p.a_per_state else _f32(p.A[:, :, 0])
         self.x, self.z, self.D = _f32(p.x), _f32(p.z), _f32(p.D)
         self.B, self.C = (t.index_select(2, group_of_head).float() for t in (p.B, p.C))  # new, contiguous
-        self.y = torch.empty(p.x.shape, dtype=torch.float32)
+        self.y = torch.empty(p.x.shape, dtype=torch.float32, device=p.x.device)
 
     def run(self, b: int, start: int, length: int, state: torch.Tensor, capture_offsets: list[int]):
         """Sequence (batch row b, tokens [start, start + length)) from its float32 state (H, P, N):
@@ -107,8 +107,8 @@ class CompiledPass:
         nheads, headdim, dstate, _ = p.dims
         at = lambda t: None if t is None else t[b, start].data_ptr()  # the sequence's first token
         state_t = state.transpose(1, 2).clone(memory_format=torch.contiguous_format)  # (H, N, P), written
-        offsets = torch.tensor(capture_offsets, dtype=torch.int64)
-        captured = torch.empty(len(capture_offsets), nheads, dstate, headdim, dtype=torch.float32)
+        offsets = torch.tensor(capture_offsets, dtype=torch.int64, device="cpu")
+        captured = torch.empty(len(capture_offsets), nheads, dstate, headdim, dtype=torch.float32, device="cpu")
         if length and self.lib.ssm_scan_sequence(
                 length, nheads, headdim, dstate, at(self.x), at(self.dt), self.A.data_ptr(), int(self.per_head),
                 int(p.a_per_state), at(self.B), at(self.C), at(self.z),
