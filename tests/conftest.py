@@ -37,7 +37,8 @@ def one_thread():
 
 @pytest.fixture
 def device():
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The tests' device, indexed on a GPU (cuda:0, not cuda), as the tensors made there report it."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def pytest_collection_modifyitems(config, items):

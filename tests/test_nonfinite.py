@@ -62,10 +62,11 @@ def _run_mamba1(inputs, algorithm, backend, j):
                        backend=backend, algorithm=algorithm, chunk_size=CHUNK)
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # backend="triton" needs CUDA tensors there
 SCANS = {
-    "mamba2": (lambda: mamba2_inputs(1, SEQLEN, nheads=2, headdim=16, ngroups=2, dstate=16), _run_mamba2,
-               MAMBA2_CASES, 1),
-    "mamba1": (lambda: mamba1_inputs(1, SEQLEN, dim=16, dstate=16), _run_mamba1, MAMBA1_CASES, -1),
+    "mamba2": (lambda: mamba2_inputs(1, SEQLEN, nheads=2, headdim=16, ngroups=2, dstate=16, device=DEVICE),
+               _run_mamba2, MAMBA2_CASES, 1),
+    "mamba1": (lambda: mamba1_inputs(1, SEQLEN, dim=16, dstate=16, device=DEVICE), _run_mamba1, MAMBA1_CASES, -1),
 }
 
 
