@@ -97,7 +97,7 @@ class CompiledPass:
             self.A = _f32(p.A.transpose(1, 2)) if p.a_per_state else _f32(p.A[:, :, 0])
         self.x, self.z, self.D = _f32(p.x), _f32(p.z), _f32(p.D)
         self.B, self.C = (t.index_select(2, group_of_head).float() for t in (p.B, p.C))  # new, contiguous
-        self.y = torch.empty(p.x.shape, dtype=torch.float32, device=p.x.device)
+        self.y = torch.empty(p.x.shape, dtype=torch.float32, device="cpu")  # the compiled loop writes host memory
 
     def run(self, b: int, start: int, length: int, state: torch.Tensor, capture_offsets: list[int]):
         """Sequence (batch row b, tokens [start, start + length)) from its float32 state (H, P, N):
