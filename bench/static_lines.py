@@ -58,7 +58,9 @@ def line_costs(instrs: list[sass.Instr], steps: list[float]) -> list[Line]:
         cost[0] += step
         cost[1] += 1
         cost[2] += instr.base == "MUFU"
-    rows = [Line(f"{path.rsplit('/', 1)[-1]}:{line}", linecache.getline(path, line).strip(), *cost)
+    # the text from this checkout's copy: a cubin from Triton's cache names the checkout that compiled it
+    rows = [Line(f"{path.rsplit('/', 1)[-1]}:{line}",
+                 linecache.getline(*sass.local_source(sass.source_key(path, line))).strip(), *cost)
             for (path, line), cost in by.items()]
     return sorted(rows, key=lambda r: -r.cycles)
 
