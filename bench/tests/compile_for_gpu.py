@@ -16,8 +16,13 @@ SPILL_LIMIT_BYTES per thread to local memory fails the run: a few bytes are regi
 noise, while a tile that does not fit in registers spills hundreds to thousands (64 x 64 conv
 tiles spilled 3 KB, fp32 64 x 64 x 128 chunk-output tiles 11 KB).
 
+A variant whose TTGIR holds more scans or reductions than its TTIR fails too: the layout passes
+computed one twice, in two layouts, which add in two orders and so round two ways, and whatever
+takes one copy (a capture) then differs from whatever takes the other (the carried state) in the
+last bits (Triton 3.6 did this to the Mamba-1 chunk kernel's scan with 16-bit inputs and captures).
+
 Run with TRITON_INTERPRET unset, from the repository root: python -m bench.tests.compile_for_gpu
-(prints one line per kernel variant; exit 1 on any spill).
+(prints one line per kernel variant; exit 1 on any spill or duplicated scan or reduction).
 """
 from __future__ import annotations
 
@@ -36,6 +41,12 @@ from triton_static.launches import TARGET, compile_launch, recording  # noqa: E4
 from bench.static_workloads import triton_path_on_cpu  # noqa: E402
 
 SPILL_LIMIT_BYTES = 64
+REDUCTIONS = ('"tt.scan"', '"tt.reduce"')
+
+
+def duplicated_reductions(kernel) -> list[str]:
+    """The kinds of scan or reduction a compiled kernel's TTGIR holds more of than its TTIR."""
+    return [op.strip('"') for op in REDUCTIONS if kernel.asm["ttgir"].count(op) > kernel.asm["ttir"].count(op)]
 
 
 def representative_calls() -> None:
@@ -69,11 +80,14 @@ def representative_calls() -> None:
                                        state_indices=torch.tensor([3, -1]), dst_state_indices=torch.tensor([0, 1]),
                                        pad_slot_id=-1, backend="triton")
         u = torch.randn(2, 64, 30).to(dtype)
-        for algorithm, positions in (("recurrent", None), ("chunked", None), ("chunked", [3, 64])):
+        # chunk 16 with 16-bit inputs: Triton 3.6 once computed the scan of this one twice
+        for algorithm, positions, chunk in (("recurrent", None, None), ("chunked", None, None),
+                                            ("chunked", [3, 64], None), ("chunked", None, 16)):
             mamba1_scan(u, torch.randn_like(u), -torch.rand(64, 16), torch.randn(2, 16, 30).to(dtype),
                         torch.randn(2, 16, 30).to(dtype), D=torch.randn(64), z=torch.randn_like(u),
                         delta_bias=torch.randn(64), delta_softplus=True, initial_states=torch.randn(2, 64, 16),
-                        capture=[(1, 7)], backend="triton", algorithm=algorithm, start_positions=positions)
+                        capture=[(1, 7)], backend="triton", algorithm=algorithm, start_positions=positions,
+                        chunk_size=chunk)
         conv_x = torch.randn(1, 96, 50).to(dtype)
         for width in (4, 2):
             weight = torch.randn(96, width)
@@ -92,7 +106,7 @@ def main() -> int:
     launches = []
     with triton_path_on_cpu(), recording(launches):
         representative_calls()
-    spills, mismatched, seen = [], [], set()
+    spills, mismatched, duplicated, seen = [], [], [], set()
     for launch in launches:
         kernel = compile_launch(launch)
         if id(kernel) in seen:
@@ -105,14 +119,19 @@ def main() -> int:
         spilled = max(code.spill_stores, code.spill_loads) > SPILL_LIMIT_BYTES
         if spilled:
             spills.append(line)
+        twice = duplicated_reductions(kernel)
+        if twice:
+            duplicated.append(line)
+            line += f"  (computed twice: {', '.join(twice)})"
         if code.registers != code.ptxas_registers:
             mismatched.append(line)
             line += f"  (but the cubin has {code.registers}: ptxas -v was not run as Triton runs it)"
-        print(f"{'SPILL' if spilled else 'ok '} {line}", flush=True)
+        print(f"{'SPILL' if spilled else 'TWICE' if twice else 'ok '} {line}", flush=True)
     print(f"{len(seen)} kernel variants compiled for {TARGET.backend} sm_{TARGET.arch}a "
           f"(triton {triton.__version__}, ssm_kernels from {os.path.dirname(ssm_kernels.__file__)}); "
-          f"{len(mismatched)} differ from the cubin's registers; {len(spills)} spill more than {SPILL_LIMIT_BYTES} B")
-    return 1 if spills or mismatched else 0
+          f"{len(mismatched)} differ from the cubin's registers; {len(spills)} spill more than {SPILL_LIMIT_BYTES} B; "
+          f"{len(duplicated)} compute a scan or reduction twice")
+    return 1 if spills or mismatched or duplicated else 0
 
 
 if __name__ == "__main__":

@@ -37,11 +37,13 @@ def _compose(a1, b1, a2, b2):
 
 
 @triton.jit
-def _last_token(h, CHUNK: tl.constexpr):
-    """h [NR, NL, CHUNK] at the chunk's last position, [NR, NL] (a masked sum: adding zeros is
-    exact)."""
-    o_t = tl.arange(0, CHUNK)[None, None, :]
-    return tl.sum(tl.where(o_t == CHUNK - 1, h, 0.0), axis=2)
+def _at_token(h, at):
+    """h [NR, NL, CHUNK] at position `at` of the chunk, [NR, NL] (a masked sum: adding zeros is
+    exact). The carried state and every capture are taken by this one function so that they are
+    the same bits: a compiler may compute the scan twice in two layouts (Triton 3.6 does when the
+    captures are stored from h's own layout), and two scans round differently."""
+    o_t = tl.arange(0, h.shape[2])[None, None, :]
+    return tl.sum(tl.where(o_t == at, h, 0.0), axis=2)
 
 
 @triton.jit
@@ -203,11 +205,10 @@ def _mamba1_chunk_kernel(
                 at = tl.load(cap_offset_ptr + c) - 1 - lo  # its position in the chunk
                 row = tl.load(cap_row_ptr + c)
                 p_cap = captured_ptr + row * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
-                b_cap = cast_for_store(h, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-                tl.store(p_cap + o_n * s_cap_n + o_t * 0, b_cap,
-                         mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n & (o_t == at), False))
+                b_cap = cast_for_store(_at_token(h, at), p_cap.dtype.element_ty)  # the cache's dtype on the engine path
+                tl.store(p_cap + o_n2 * s_cap_n, b_cap, mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n2, False))
                 c += 1
-        h0 = _last_token(h, CHUNK)  # past the pass's end the tokens are identities: the final state
+        h0 = _at_token(h, CHUNK - 1)  # past the pass's end the tokens are identities: the final state
 
     p_out = state_out_ptr + i_out * s_out_s + i_g * s_out_g + i_p * s_out_p + o_n2 * s_out_n
     tl.store(p_out, cast_for_store(h0, p_out.dtype.element_ty), mask=tl.where(live, m_n2, False))
