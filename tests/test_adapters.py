@@ -134,7 +134,7 @@ def reference(model, ids, chunks, decode):
     """transformers' own logits (and cache) for session(model, ids, chunks, decode).
 
     Where transformers' own one-token step fails on the installed release (FalconH1 with
-    mamba_rms_norm in transformers 5.17 mis-shapes its gated norm for one token), the reference
+    mamba_rms_norm in some transformers releases mis-shapes its gated norm for one token), the reference
     is one full pass over prompt and decode tokens: the same logits by the model's math.
     """
     try:
@@ -391,6 +391,18 @@ def test_decode_step_captures(family, device):
         assert torch.equal(s.ssm, want[row])
         if s.position == PROMPT + 1:
             assert torch.equal(s.conv, hf_cache.linear_layer(cache, s.layer).conv_states[0][row, :, 1:])
+
+
+def test_an_older_transformers_is_refused(monkeypatch, device):
+    """Below the oldest release tested the adapter refuses to patch, naming the release it needs."""
+    model, _ = build("Mamba2", device)
+    monkeypatch.setattr("transformers.__version__", "5.23.0")  # the module as imported now
+    with pytest.raises(ImportError, match=r"transformers >= 5\.24 .*found 5\.23\.0"):
+        use_ssm_kernels(model)
+    assert not ssm_layer_ids(model)
+    monkeypatch.setattr("transformers.__version__", "5.24.0.dev0")
+    use_ssm_kernels(model)
+    assert ssm_layer_ids(model)
 
 
 def test_unsupported_models_and_calls_are_rejected(device):

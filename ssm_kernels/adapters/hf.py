@@ -13,6 +13,7 @@ Positions are absolute token positions of the sequence (the state at p is the on
 """
 from __future__ import annotations
 
+import re
 import types
 import weakref
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from ..layers import Snapshot
 from . import hf_cache
 from .hf_mixers import FAMILIES, FORWARDS, PassContext, geometry
 
+# The oldest release tested: generate takes the cache as `cache` from 5.24 (`past_key_values` before).
+MIN_TRANSFORMERS = "5.24"
 _ADAPTER_ATTR = "_ssm_kernels_adapter"
 _PASS_ATTR = "_ssm_kernels_pass"
 _GENERATE_ATTR = "_ssm_kernels_generate"
@@ -140,10 +143,12 @@ def _require_transformers():
     try:
         import transformers
     except ImportError:
-        raise ImportError("the ssm_kernels adapter needs transformers: pip install 'transformers>=5.17'") from None
-    if int(transformers.__version__.split(".")[0]) < 5:
-        raise ImportError(f"the ssm_kernels adapter needs transformers >= 5.17 (its linear-attention cache layers); "
-                          f"found {transformers.__version__}")
+        raise ImportError(f"the ssm_kernels adapter needs transformers: pip install 'transformers>={MIN_TRANSFORMERS}'"
+                          ) from None
+    found = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2])
+    if found < tuple(int(part) for part in MIN_TRANSFORMERS.split(".")):
+        raise ImportError(f"the ssm_kernels adapter needs transformers >= {MIN_TRANSFORMERS} (its linear-attention "
+                          f"cache layers, and generate's `cache` argument); found {transformers.__version__}")
 
 
 def _discover(model):

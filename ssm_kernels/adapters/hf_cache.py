@@ -1,4 +1,4 @@
-"""transformers' cache as the adapters see it, in transformers 5.17 through 5.25.
+"""transformers' cache as the adapters see it, in transformers 5.24 and 5.25.
 
 An SSM layer's entry in a transformers ``Cache`` (``DynamicCache(config=...)``) is a
 linear-attention cache layer holding, for state index 0:
@@ -11,7 +11,7 @@ linear-attention cache layer holding, for state index 0:
     cumulative_length_linear (from 5.25): the tokens the layer has seen, what its get_seq_length
         returns and generate feeds the prompt past; update_conv_state adds a pass's length, and
         cache.increase_count one token of a step that updated the states in place.
-Only attributes and methods present in every 5.x release from 5.17 are used here, and the count
+Only attributes and methods present in every release from 5.24 are used here, and the count
 where a release keeps one.
 """
 from __future__ import annotations
