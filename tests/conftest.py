@@ -35,7 +35,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def device():
     """The tests' device, indexed on a GPU (cuda:0, not cuda), as the tensors made there report it."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

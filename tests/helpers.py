@@ -8,9 +8,10 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """RMS of the difference over RMS of the float64 reference."""
-    diff = actual.double() - expected.double()
-    scale = expected.double().pow(2).mean().sqrt()
+    """RMS of the difference over RMS of the float64 reference (on the CPU, wherever each is)."""
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    diff = actual - expected
+    scale = expected.pow(2).mean().sqrt()
     return (diff.pow(2).mean().sqrt() / scale.clamp_min(1e-300)).item()
 
 
@@ -22,7 +23,8 @@ def assert_rel_close(actual, expected, tol, name="tensor"):
         raise AssertionError(f"{name}: non-finite values (unwritten outputs?) at {bad}")
     err = rel_error(actual, expected)
     if err > tol:
-        diff = (actual.double() - expected.double()).abs()
+        actual, expected = actual.double().cpu(), expected.double().cpu()
+        diff = (actual - expected).abs()
         worst = diff.flatten().topk(min(5, diff.numel())).indices
         report = [(tuple(int(i) for i in torch.unravel_index(w, diff.shape)),
                    actual.flatten()[w].item(), expected.flatten()[w].item()) for w in worst]

@@ -16,11 +16,12 @@ INTERPRETED_TRITON = False  # set per test: the Triton backend on CPU tensors (n
 
 @pytest.fixture(autouse=True)
 def tensors_on_the_backends_device(request, monkeypatch):
-    """The Triton backend's tests run on CUDA tensors where there is a GPU, through the
-    interpreter on CPU tensors elsewhere."""
+    """The Triton backend's tests (backend="triton", or marked runs_triton) run on CUDA tensors
+    where there is a GPU (torch's default device), through the interpreter on CPU tensors elsewhere."""
     backend = request.node.callspec.params.get("backend") if hasattr(request.node, "callspec") else None
-    on_gpu = backend == "triton" and torch.cuda.is_available()
-    monkeypatch.setitem(globals(), "INTERPRETED_TRITON", backend == "triton" and not on_gpu)
+    triton = backend == "triton" or request.node.get_closest_marker("runs_triton") is not None
+    on_gpu = triton and torch.cuda.is_available()
+    monkeypatch.setitem(globals(), "INTERPRETED_TRITON", triton and not on_gpu)
     torch.set_default_device("cuda" if on_gpu else "cpu")
     yield
     torch.set_default_device("cpu")

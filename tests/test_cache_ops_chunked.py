@@ -234,12 +234,14 @@ def _count_reads(monkeypatch, names=READS) -> list[str]:
     return reads
 
 
+@pytest.mark.runs_triton
 def test_a_step_reads_its_tensors_back_once(monkeypatch):
     """prefill_batch with start_positions reads the step's index tensors back in one transfer (one
     sync on a GPU), and the layers' chunked calls read nothing back."""
     seq, off, slot = (torch.tensor(c) for c in zip(*CAPTURES))
     cu, slots, has_init = _cu(), torch.tensor(SLOTS, dtype=torch.int32), torch.tensor(HAS_INIT)
     kw, cache = _mamba2_case(torch.float32)
+    kw, cache = {k: v.to(cu.device) for k, v in kw.items()}, cache.to(cu.device)
     reads = _count_reads(monkeypatch)
     batch = cache_ops.prefill_batch(cu, slots, has_initial_state=has_init, capture_seq=seq, capture_offset=off,
                                     capture_slot=slot, nslots=NSLOTS, start_positions=POSITIONS)
@@ -263,6 +265,7 @@ def _host_batch_args():
         capture_slot=torch.tensor(slot), validate=False, start_positions=POSITIONS, host_cu_seqlens=bounds)
 
 
+@pytest.mark.runs_triton
 def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
     """Built from host lengths and captures, a step reads nothing back on the chunked Triton paths,
     the conv and the recurrent scans, and gives the bits of a step that read its indices back;
@@ -303,6 +306,7 @@ def test_a_step_from_host_data_reads_nothing_back(monkeypatch):
         assert reads == ["tolist"], "one read a step"
 
 
+@pytest.mark.runs_triton
 @pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
 def test_a_layer_without_validation_gives_the_same_bits(algorithm):
     """validate=False (a step's later layers, as an engine calls them) skips the checks and
@@ -321,6 +325,7 @@ def test_a_layer_without_validation_gives_the_same_bits(algorithm):
         _mamba2_prefill(_batch(), kw, cache, torch.zeros_like(kw["x"][0]), algorithm=algorithm, validate=1)
 
 
+@pytest.mark.runs_triton
 def test_a_step_from_host_data_sends_one_copy(monkeypatch):
     """prefill_batch(..., chunk_size=...) from host data sends the step's capture and chunk tables
     to the device in one copy; the step's layers send none."""

@@ -327,12 +327,12 @@ def test_bad_algorithm_and_chunk_size(changes, error, message):
         mamba2_scan(*args, **kw)
 
 
-def test_a_stride_too_large_for_the_kernels_tile_offsets_is_refused():
+def test_a_stride_too_large_for_the_kernels_tile_offsets_is_refused(device):
     """The kernels offset a chunk's tokens in int32: chunk_size x a stride along the sequence of
     2^21 elements reaches 2^31, and is refused rather than wrapped."""
-    inputs = mamba2_inputs(1, 2, **SMALL, dtype=torch.bfloat16)
+    inputs = mamba2_inputs(1, 2, **SMALL, dtype=torch.bfloat16, device=device)
     x = inputs["x"]
-    wide = torch.zeros(1, 2, 2 ** 21, dtype=torch.bfloat16)
+    wide = torch.zeros(1, 2, 2 ** 21, dtype=torch.bfloat16, device=device)
     args, kw = mamba2_positional(dict(inputs, x=wide[..., :x[0, 0].numel()].unflatten(2, x.shape[2:]).copy_(x)))
     with pytest.raises(ValueError, match="chunk_size x .stride along the sequence. < 2.31; x's stride of 2097152"):
         chunked(*args, **kw, backend="triton", chunk_size=1024)

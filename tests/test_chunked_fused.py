@@ -31,11 +31,16 @@ def fused():
         yield
 
 
-def test_mamba2_chunked_prefill_on_an_engines_cache():
+def test_mamba2_chunked_prefill_on_an_engines_cache(device):
     """On an engine's cache (slots, a skipped row, fresh rows, captures into slots) the fused pass
-    matches the public scan's, as the five stages do."""
-    for cache_dtype in (torch.float32, torch.bfloat16):
-        test_cache_ops_chunked.test_mamba2_chunked_prefill_matches_public_chunked_scan("triton", cache_dtype, False)
+    matches the public scan's, as the five stages do (on the tests' device, which that test takes
+    as torch's default)."""
+    torch.set_default_device(device)
+    try:
+        for cache_dtype in (torch.float32, torch.bfloat16):
+            test_cache_ops_chunked.test_mamba2_chunked_prefill_matches_public_chunked_scan("triton", cache_dtype, False)
+    finally:
+        torch.set_default_device("cpu")
 
 
 def _same(fused, five, what):

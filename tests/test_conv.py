@@ -35,8 +35,8 @@ def test_matches_reference(backend, dtype, activation, device):
     assert got.out.dtype == dtype and got.final_states.dtype == dtype
     assert_rel_close(got.out, want.out, TOLERANCE[dtype], "out")
     # States are inputs: copied exactly.
-    assert torch.equal(got.final_states.double().cpu(), want.final_states)
-    assert torch.equal(got.captured_states.double().cpu(), want.captured_states)
+    assert torch.equal(got.final_states.double(), want.final_states)
+    assert torch.equal(got.captured_states.double(), want.captured_states)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -47,7 +47,7 @@ def test_odd_lengths_no_bias_no_initial_state(backend, seqlen, device):
     got = causal_conv1d(x, weight, capture=[(0, 1), (0, seqlen)], backend=backend)
     want = causal_conv1d_ref(x, weight, capture=[(0, 1), (0, seqlen)])
     assert_rel_close(got.out, want.out, 1e-5, "out")
-    assert torch.equal(got.captured_states.double().cpu(), want.captured_states)
+    assert torch.equal(got.captured_states.double(), want.captured_states)
     assert torch.equal(got.captured_states[1], got.final_states[0])
 
 
@@ -60,8 +60,8 @@ def test_varlen_with_empty_and_short_sequences(backend, device):
     got = causal_conv1d(**kw, activation="silu", cu_seqlens=cu, capture=capture, backend=backend)
     want = causal_conv1d_ref(**kw, activation="silu", cu_seqlens=cu, capture=capture)
     assert_rel_close(got.out, want.out, 1e-5, "out")
-    assert torch.equal(got.final_states.double().cpu(), want.final_states)
-    assert torch.equal(got.captured_states.double().cpu(), want.captured_states)
+    assert torch.equal(got.final_states.double(), want.final_states)
+    assert torch.equal(got.captured_states.double(), want.captured_states)
     # The empty sequence's final state is its initial state.
     assert torch.equal(got.final_states[1], kw["initial_states"][1])
 
@@ -86,7 +86,7 @@ def test_narrow_kernels(backend, width, device):
     want = causal_conv1d_ref(**kw, capture=[(0, 0), (0, 6)])
     assert_rel_close(got.out, want.out, 1e-5, "out")
     assert got.final_states.shape == (1, DIM, width - 1)
-    assert torch.equal(got.captured_states.double().cpu(), want.captured_states)
+    assert torch.equal(got.captured_states.double(), want.captured_states)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: token-sized ops,
 
 
 @pytest.fixture(scope="module", params=["torch", "triton"])
-def model(request):
-    return HybridLM(CONFIG, backend=request.param)
+def model(request, device):
+    return HybridLM(CONFIG, backend=request.param, device=device)
 
 
 def prompt(n, seed=0):
@@ -69,13 +69,14 @@ def test_chat_trace_on_the_grid_is_bitwise(model):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_a_shorter_prompt_served_first_leaves_warm_requests_bitwise(backend):
+def test_a_shorter_prompt_served_first_leaves_warm_requests_bitwise(backend, device):
     """Q ends inside A's first chunk: its KV there came from a partly filled chunk (other rounding
     than a full one), which a later request restoring past it (B, at A's capture 16) must not
     take in place of A's."""
     model = HybridLM(HybridConfig(vocab_size=8, hidden_size=32, num_layers=2, attention_every=2,
                                   num_attention_heads=2, mamba_heads=2, mamba_head_dim=32, state_size=8,
-                                  mlp_size=32, seed=1, scan_algorithm="chunked", chunk_size=CHUNK), backend=backend)
+                                  mlp_size=32, seed=1, scan_algorithm="chunked", chunk_size=CHUNK), backend=backend,
+                     device=device)
     a = [0, 4, 3, 6, 1, 5, 6, 7, 4, 1, 3, 3, 2, 2, 3, 0, 0, 1, 1, 0, 4, 3, 7, 4]
     b = a + [5, 7, 5, 1, 0, 0, 4, 6, 1, 0, 7, 7, 5, 5, 6]
     engine = Engine(model, policy="free", block_size=1, budget=40)

@@ -20,14 +20,15 @@ def causal_conv1d_ref(x, weight, bias=None, *, activation=None, initial_states=N
     seqs = make_sequences(batch, seqlen, cu_seqlens, x.device)
     entries = make_capture_table(capture, seqs, x.device).entries
     w = weight.to(torch.float64)
-    out = torch.zeros(batch, dim, seqlen, dtype=torch.float64)
+    f64 = dict(dtype=torch.float64, device=x.device)  # computed where the inputs are, as the scans' references
+    out = torch.zeros(batch, dim, seqlen, **f64)
     finals, captured = [], [None] * len(entries)
     for s, (b, start, length) in enumerate(seqs.spans()):
-        init = (torch.zeros(dim, width - 1, dtype=torch.float64) if initial_states is None
+        init = (torch.zeros(dim, width - 1, **f64) if initial_states is None
                 else initial_states[s].to(torch.float64))
         xin = torch.cat([init, x[b, :, start:start + length].to(torch.float64)], dim=1)
         for t in range(length):
-            acc = torch.zeros(dim, dtype=torch.float64) if bias is None else bias.to(torch.float64).clone()
+            acc = torch.zeros(dim, **f64) if bias is None else bias.to(torch.float64).clone()
             for k in range(width):
                 acc = acc + w[:, k] * xin[:, t + k]
             out[b, :, start + t] = F.silu(acc) if activation in ("silu", "swish") else acc
@@ -35,6 +36,6 @@ def causal_conv1d_ref(x, weight, bias=None, *, activation=None, initial_states=N
         for seq, k, row in entries:
             if seq == s:
                 captured[row] = xin[:, k:k + width - 1]
-    empty = torch.zeros(0, dim, width - 1, dtype=torch.float64)
+    empty = torch.zeros(0, dim, width - 1, **f64)
     return ConvResult(out, torch.stack(finals) if finals else empty,
                       torch.stack(captured) if captured else empty)
