@@ -143,8 +143,9 @@ class Timing:
     ms: float
     samples: int
     method: str
-    gpu_ms: float | None = None  # the call's kernels alone (kernel_ms); CUDA only
+    gpu_ms: float | None = None  # the call's kernels alone (the sum of gpu_kernels); CUDA only
     host_ms: float | None = None  # the host's part of a call (host_ms); CUDA only
+    gpu_kernels: dict[str, float] | None = None  # ms a call per kernel or copy name (kernel_times); CUDA only
 
 
 @dataclass
@@ -174,8 +175,9 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
         warmup = min(opts.warmup_ms, rep)
         ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
         samples = max(1, int(rep / estimate))
+        kernels = kernel_times(fn)
         return Timing(float(ms), samples, f"do_bench median (warmup {warmup:g} ms, rep {rep:.0f} ms)",
-                      kernel_ms(fn), host_ms(fn)), result
+                      sum(kernels.values()), host_ms(fn), kernels), result
     if single_cpu_run:
         t0 = time.perf_counter()
         result = fn()
@@ -206,11 +208,12 @@ def host_ms(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> float:
     return statistics.median(times)
 
 
-def kernel_ms(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> float:
-    """GPU time of one call of `fn`, host gaps excluded: the summed durations of the kernels and
-    copies it ran, from torch.profiler, averaged over `runs` calls (warm: after time_fn's first
-    call). do_bench's figure also counts the GPU waiting for the host between launches, which
-    for passes of a few hundred microseconds can be most of it; this one is the kernels'."""
+def kernel_times(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> dict[str, float]:
+    """GPU time of one call of `fn` per kernel (or copy) name, host gaps excluded: the durations
+    torch.profiler records, averaged over `runs` calls (warm: after time_fn's first call). Their
+    sum is the call's kernel time; do_bench's figure also counts the GPU waiting for the host
+    between launches, which for passes of a few hundred microseconds can be most of it. Per
+    kernel, they are what a calibration of the static model needs stage by stage."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -219,8 +222,15 @@ def kernel_ms(fn: Callable[[], object], runs: int = KERNEL_TIME_RUNS) -> float:
         for _ in range(runs):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return total_us / runs / 1e3
+    return per_name_ms([e for e in prof.events() if e.device_type == DeviceType.CUDA], runs)
+
+
+def per_name_ms(events, runs: int) -> dict[str, float]:
+    """{name: ms a run} of profiler events (each with .name and .time_range), most time first."""
+    total: dict[str, float] = {}
+    for e in events:
+        total[e.name] = total.get(e.name, 0.0) + e.time_range.elapsed_us() / runs / 1e3
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
 def copy_bandwidth(device: torch.device, opts: TimingOptions, nbytes: int | None = None) -> dict:

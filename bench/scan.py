@@ -178,7 +178,8 @@ class ScanBench:
             return row
         roofline_ms = nbytes / (self.bw["GBps"] * 1e6)
         if timing.gpu_ms is not None:  # CUDA: the kernels alone, and the host's part of the call
-            row.update(gpu_ms=timing.gpu_ms, gpu_roofline_fraction=roofline_ms / timing.gpu_ms, host_ms=timing.host_ms)
+            row.update(gpu_ms=timing.gpu_ms, gpu_roofline_fraction=roofline_ms / timing.gpu_ms, host_ms=timing.host_ms,
+                       gpu_kernels=timing.gpu_kernels)
         row.update(status="ok", ms=timing.ms, samples=timing.samples, timing=timing.method, bytes=nbytes,
                    tokens=tokens, tokens_per_s=tokens / (timing.ms / 1e3), GBps=nbytes / (timing.ms * 1e6),
                    roofline_ms=roofline_ms, roofline_fraction=roofline_ms / timing.ms)

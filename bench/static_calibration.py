@@ -49,18 +49,54 @@ def measurements(results: Path = RESULTS_DIR) -> list[dict]:
                 continue
             out.append({"workload": match[0], "peer": match[1], "shape": row["model"], "tokens": row["seqlen"],
                         "kernel_ms": row.get("gpu_ms"), "call_ms": row["ms"], "run": path.parent.name,
+                        "kernels": row.get("gpu_kernels"),
                         "commit": (data["env"].get("commit") or "?")[:7],
                         "captures_placed": "evenly" if row.get("captures") == 8 else None})
     return out
 
 
+def _call(data: dict, m: dict) -> dict | None:
+    return next((c for c in data["calls"] if (c["workload"], c["shape"], c["size"]) == (m["workload"], m["shape"],
+                                                                                         m["tokens"])), None)
+
+
 def _modelled(data: dict, m: dict) -> float | None:
-    for c in data["calls"]:
-        if (c["workload"], c["shape"], c["size"]) == (m["workload"], m["shape"], m["tokens"]):
-            if m["peer"]:
-                return c["peer"]["time_ms"] if c["peer"].get("available") else None
-            return c["time_ms"]
-    return None
+    c = _call(data, m)
+    if c is None:
+        return None
+    if m["peer"]:
+        return c["peer"]["time_ms"] if c["peer"].get("available") else None
+    return c["time_ms"]
+
+
+def _modelled_kernels(data: dict | None, m: dict) -> dict[str, float]:
+    """{kernel name: modelled ms} of our call's kernels in a report (their launches summed)."""
+    c = None if data is None or m["peer"] else _call(data, m)
+    out: dict[str, float] = {}
+    for k in (c or {}).get("kernels", []):
+        if k.get("chosen", True) and isinstance(k.get("model"), dict):
+            out[k["kernel"]] = out.get(k["kernel"], 0.0) + k["model"]["time_ms"]
+    return out
+
+
+def kernel_rows(data: dict, results: Path = RESULTS_DIR) -> list[list]:
+    """Per kernel, where a run measured each kernel's time (gpu_kernels): measured ms, and the
+    model's ms and error at the measured commit's kernels ("then") and at the report's. A stage
+    whose error moves between runs is where the model credits a change the GPU did not give."""
+    out = []
+    for m in measurements(results):
+        if not m["kernels"] or m["peer"]:
+            continue
+        then_report = next((r for r in reports_at(m["commit"], results) if _call(r, m)), None)
+        then, now = _modelled_kernels(then_report, m), _modelled_kernels(data, m)
+        for name, measured in m["kernels"].items():
+            if name not in then and name not in now:
+                continue  # a copy or another library's kernel
+            out.append([f"`{m['workload']}`", m["shape"], m["tokens"], f"{m['commit']} ({m['run']})", f"`{name}`",
+                        fmt(measured), fmt(then[name]) if name in then else "-",
+                        fmt(then[name] / measured) if name in then else "-",
+                        fmt(now[name]) if name in now else "-", fmt(now[name] / measured) if name in now else "-"])
+    return out
 
 
 def reports_at(commit: str, results: Path = RESULTS_DIR) -> list[dict]:
@@ -112,6 +148,7 @@ def table(data: dict, results: Path = RESULTS_DIR) -> str:
     if not calibration:
         return "No GPU run has measured a call of this report."
     ratio_rows = ratios(calibration)
+    per_kernel = kernel_rows(data, results)
     body = []
     for r in calibration:
         name = f"`{r['workload']}`" + (" peer (mamba_ssm)" if r["peer"] else "")
@@ -130,4 +167,8 @@ def table(data: dict, results: Path = RESULTS_DIR) -> str:
         "Ours / mamba_ssm's peer, kernel times of one run against the model's ratio:", "",
         markdown_table(["call", "shape", "tokens", "measured at", "measured ratio", "modelled (then)",
                         "modelled / measured (then)", "modelled (report)", "modelled / measured (report)"], ratio_rows)
-        if ratio_rows else "(no run measured both kernel times)"])
+        if ratio_rows else "(no run measured both kernel times)", "",
+        "Per kernel (runs that recorded each kernel's time), modelled against measured:", "",
+        markdown_table(["call", "shape", "tokens", "measured at", "kernel", "measured ms", "modelled ms (then)",
+                        "error (then)", "modelled ms (report)", "error (report)"], per_kernel)
+        if per_kernel else "(no run recorded each kernel's time yet)"])

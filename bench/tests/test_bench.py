@@ -233,3 +233,18 @@ def test_the_committed_compile_record_names_test_files_that_exist():
     record = ROOT / "bench/results/2026-12-01-compile/compile.json"
     files = json.loads(record.read_text())["per_file"]
     assert files and all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
+
+
+def test_kernel_times_sum_per_name_and_run():
+    """The profiler's events grouped by name, in ms a run, most time first."""
+    from types import SimpleNamespace as NS
+
+    from bench.common import per_name_ms
+
+    def event(name, us):
+        return NS(name=name, time_range=NS(elapsed_us=lambda: us))
+
+    events = [event("_chunk_state_kernel", 100), event("_chunk_output_kernel", 300), event("_chunk_state_kernel", 100),
+              event("_chunk_output_kernel", 300)]
+    assert per_name_ms(events, runs=2) == {"_chunk_output_kernel": 0.3, "_chunk_state_kernel": 0.1}
+    assert list(per_name_ms(events, runs=2)) == ["_chunk_output_kernel", "_chunk_state_kernel"]

@@ -257,6 +257,37 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
     # measured, then, then / measured, report, report / measured
     assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]
     assert "measured at" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)
+    assert "(no run recorded each kernel's time yet)" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)
+
+
+def test_calibration_per_kernel(tmp_path):
+    """A run that recorded each kernel's time (gpu_kernels) is set kernel by kernel beside the
+    model's kernels, at the measured commit's report and at this one; copies and kernels the
+    report does not model are left out."""
+    from bench import static_calibration as sc
+
+    run = tmp_path / "2026-12-05-gpu"
+    run.mkdir()
+    (run / "scan.json").write_text(json.dumps({
+        "label": "GPU: NVIDIA H200", "env": {"reduced": False, "commit": "abc1234"}, "scan": [dict(
+            section="scan", status="ok", batch="1", model="Mamba-2 2.7B", kind="mamba2", seqlen=8192,
+            impl="ssm_kernels", algorithm="chunked (chunk default)", gpu_ms=0.3, ms=0.4,
+            gpu_kernels={"_chunk_output_kernel": 0.2, "_chunk_state_kernel": 0.08, "Memcpy HtoD": 0.02})]}))
+
+    def report(commit, output_ms, state_ms):
+        kernels = [{"kernel": "_chunk_output_kernel", "chosen": True, "model": {"time_ms": output_ms}},
+                   {"kernel": "_chunk_state_kernel", "chosen": True, "model": {"time_ms": state_ms}}]
+        return {"calls": [{"workload": "mamba2_scan chunked", "shape": "Mamba-2 2.7B", "size": 8192, "commit": commit,
+                           "time_ms": output_ms + state_ms, "kernels": kernels, "peer": {"available": False}}]}
+
+    then = tmp_path / "2026-12-05-static-abc1234"
+    then.mkdir()
+    (then / "static.json").write_text(json.dumps(report("abc1234", 0.1, 0.04)))
+    rows = sc.kernel_rows(report("def5678", 0.05, 0.04), tmp_path)
+    # kernel, measured, then, then / measured, report, report / measured
+    assert [r[4:] for r in rows] == [["`_chunk_output_kernel`", "0.2", "0.1", "0.5", "0.05", "0.25"],
+                                     ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5"]]
+    assert "`_chunk_output_kernel`" in sc.table(report("def5678", 0.05, 0.04), tmp_path)
 
 
 def test_one_launch_floor_by_hand():
