@@ -21,9 +21,9 @@ def assert_rel_close(actual, expected, tol, name="tensor"):
     if not torch.isfinite(actual).all():
         bad = (~torch.isfinite(actual)).nonzero()[:5].tolist()
         raise AssertionError(f"{name}: non-finite values (unwritten outputs?) at {bad}")
+    actual, expected = actual.double().cpu(), expected.double().cpu()  # wherever each is
     err = rel_error(actual, expected)
     if err > tol:
-        actual, expected = actual.double().cpu(), expected.double().cpu()
         diff = (actual - expected).abs()
         worst = diff.flatten().topk(min(5, diff.numel())).indices
         report = [(tuple(int(i) for i in torch.unravel_index(w, diff.shape)),
