@@ -177,6 +177,8 @@ WORKLOADS = {w.name: w for w in (
              "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8),
     Workload("mamba1_scan chunked", "prefill", "mamba1", _mamba1("chunked"), "selective_scan_fn",
              "mamba1_scan(algorithm='chunked', chunk_size=64) with z, D, delta_bias, softplus"),
+    Workload("mamba1_scan chunked + 8 captures", "prefill", "mamba1", _mamba1("chunked", True),
+             "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8),
     Workload("causal_conv1d", "prefill", "any", _conv, None, "width 4, bias, silu, on the layer's conv dim"),
     Workload("causal_conv1d_update", "decode", "any", _conv_update, None, "one decode token per row, width 4"),
 )}
