@@ -13,9 +13,10 @@ where to look when bench.static calls a kernel latency-bound.
 With --per-program the parts are what the report's latency term counts for one program: the
 call is counted by the interpreter first (as bench.static counts it: minutes for the fused pass),
 the straight-line code is the path most programs take (a mixed kernel's: every instruction's step
-weighed by the share of programs that ran its line) and each loop's steady-state iteration is
-weighed by its iterations a program, with the global load's latency at the kernel's modelled HBM
-miss rate; the parts then add up to the report's latency a program, printed beside them.
+weighed by the share of programs that ran its line) and each loop's steady-state iteration (the
+instructions that run in at least half its iterations) is weighed by its iterations a program,
+with the global load's latency at the kernel's modelled HBM miss rate; the parts then add up to
+the report's latency a program, printed beside them.
 """
 from __future__ import annotations
 
@@ -117,8 +118,10 @@ def program_parts(code: sass.Code, launch, counts: dict, mixed: bool) -> dict:
     for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
         executions, _ = model._executions(loop, lines)
         runs = (programs if executions is None else executions) / max(programs, 1)
+        # the path most iterations take, as the model replays it
+        body = [i for i, share in zip(loop.instrs, model._loop_shares(loop, lines, executions)) if share >= 0.5]
         parts.append((f"loop at {loop.start:#x} ({len(loop.instrs)} instructions), {runs:.4g} iterations a program",
-                      line_costs(loop.instrs, [runs * step for step in loop_steps(loop.instrs, load)])))
+                      line_costs(body, [runs * step for step in loop_steps(body, load)])))
     return {"parts": parts, "latency": km.latency_cycles_per_program}
 
 

@@ -43,7 +43,7 @@ class Workload:
     peer: str | None  # key into PEERS, or None
     doc: str
     captures: int = 0
-    chunked: bool = False  # its kernels work on 256-token chunks (as the prefill peer's always do)
+    chunked: bool = False  # its kernels work on chunks (as the prefill peer's always do): counted at 8 chunks and more
     mixed: bool = False  # it launches a mixed kernel (MIXED_KERNELS), whose every program is counted
 
 
@@ -176,9 +176,9 @@ WORKLOADS = {w.name: w for w in (
     Workload("mamba1_scan recurrent + 8 captures", "prefill", "mamba1", _mamba1("recurrent", True),
              "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8),
     Workload("mamba1_scan chunked", "prefill", "mamba1", _mamba1("chunked"), "selective_scan_fn",
-             "mamba1_scan(algorithm='chunked', chunk_size=64) with z, D, delta_bias, softplus"),
+             "mamba1_scan(algorithm='chunked', chunk_size=64) with z, D, delta_bias, softplus", chunked=True),
     Workload("mamba1_scan chunked + 8 captures", "prefill", "mamba1", _mamba1("chunked", True),
-             "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8),
+             "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8, chunked=True),
     Workload("causal_conv1d", "prefill", "any", _conv, None, "width 4, bias, silu, on the layer's conv dim"),
     Workload("causal_conv1d_update", "decode", "any", _conv_update, None, "one decode token per row, width 4"),
 )}

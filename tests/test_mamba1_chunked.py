@@ -7,6 +7,8 @@ import torch
 
 from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba1_positional
 from ssm_kernels import mamba1_scan
+from ssm_kernels._common import CaptureTable, Sequences, make_capture_table
+from ssm_kernels.scan.mamba1_chunked.triton_kernel import capture_steps
 from ssm_kernels.scan.reference import mamba1_scan_ref
 
 BACKENDS = ["torch", "triton"]
@@ -87,6 +89,48 @@ def test_off_grid_split_agrees_to_rounding(backend, device):
                    backend=backend)
     assert_rel_close(tail.y, whole.y[..., 21:], 1e-6, "y")
     assert_rel_close(tail.final_states, whole.final_states, 1e-6, "final_states")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_many_captures_in_one_chunk(backend, device):
+    """Seven captures after one chunk's tokens, one of them twice (the Triton kernel takes more
+    than MAX_CAPTURE_STEPS in a loop, fewer in unrolled steps): accurate, and each capture the
+    same bits as when it is the chunk's only one."""
+    args, kw = mamba1_positional(mamba1_inputs(1, 40, ngroups=2, dtype=torch.bfloat16, device=device))
+    kw.update(delta_softplus=True)
+    many = [(0, o) for o in (17, 18, 20, 20, 23, 27, 32)]
+    assert steps_of(many, 40) == (0, True)
+    got = chunked(*args, **kw, capture=many, backend=backend)
+    assert_rel_close(got.captured_states, mamba1_scan_ref(*args, **kw, capture=many).captured_states,
+                     TOLERANCE[torch.bfloat16], "captured_states")
+    for row, capture in enumerate(many):
+        alone = chunked(*args, **kw, capture=[capture], backend=backend)
+        assert torch.equal(alone.captured_states[0], got.captured_states[row]), capture
+        assert torch.equal(alone.y, got.y) and torch.equal(alone.final_states, got.final_states)
+
+
+def steps_of(capture, length, start=0):
+    """capture_steps of a one-sequence pass of `length` tokens from absolute position `start`."""
+    return capture_steps(make_capture_table(capture, Sequences(None, [length], varlen=False), torch.device("cpu")),
+                         CHUNK, [start])
+
+
+@pytest.mark.parametrize("capture, start, steps", [
+    ([], 0, (0, False)),
+    ([(0, 0)], 0, (0, False)),  # the initial state: taken before the chunks
+    ([(0, 0), (0, 16), (0, 17)], 0, (1, False)),  # offsets 16 and 17 end in chunks 0 and 1
+    ([(0, 1), (0, 16)], 0, (2, False)),
+    ([(0, 11), (0, 12)], 5, (1, False)),  # from position 5 the first chunk ends after offset 11
+    ([(0, o) for o in (1, 2, 3)], 0, (4, False)),
+    ([(0, o) for o in (1, 2, 3, 4)], 0, (4, False)),
+    ([(0, o) for o in (1, 2, 3, 4, 5)], 0, (0, True)),
+])
+def test_capture_steps(capture, start, steps):
+    assert steps_of(capture, 40, start) == steps
+
+
+def test_captures_whose_offsets_are_on_the_device_only_take_the_loop():
+    assert capture_steps(CaptureTable(None, None, None, [None, None]), CHUNK, [0]) == (0, True)
 
 
 def test_triton_matches_torch_path(device):

@@ -80,13 +80,16 @@ def representative_calls() -> None:
                                        state_indices=torch.tensor([3, -1]), dst_state_indices=torch.tensor([0, 1]),
                                        pad_slot_id=-1, backend="triton")
         u = torch.randn(2, 64, 30).to(dtype)
-        # chunk 16 with 16-bit inputs: Triton 3.6 once computed the scan of this one twice
-        for algorithm, positions, chunk in (("recurrent", None, None), ("chunked", None, None),
-                                            ("chunked", [3, 64], None), ("chunked", None, 16)):
+        # chunk 16 with 16-bit inputs: Triton 3.6 once computed the scan of this one twice. Six
+        # captures in one chunk: the chunked kernel's capture loop, not its unrolled steps.
+        one, six = [(1, 7)], [(1, k) for k in range(1, 7)]
+        for algorithm, positions, chunk, capture in (("recurrent", None, None, one), ("chunked", None, None, one),
+                                                     ("chunked", [3, 64], None, one), ("chunked", None, 16, one),
+                                                     ("chunked", None, None, six)):
             mamba1_scan(u, torch.randn_like(u), -torch.rand(64, 16), torch.randn(2, 16, 30).to(dtype),
                         torch.randn(2, 16, 30).to(dtype), D=torch.randn(64), z=torch.randn_like(u),
                         delta_bias=torch.randn(64), delta_softplus=True, initial_states=torch.randn(2, 64, 16),
-                        capture=[(1, 7)], backend="triton", algorithm=algorithm, start_positions=positions,
+                        capture=capture, backend="triton", algorithm=algorithm, start_positions=positions,
                         chunk_size=chunk)
         conv_x = torch.randn(1, 96, 50).to(dtype)
         for width in (4, 2):

@@ -29,16 +29,20 @@ For one kernel launch on an H200:
               straight-line SASS x the programs that run it + each loop's SASS x its
               executions (both from the interpreter's line counts, per chain of inlined call
               sites: a branch that only some programs take, such as the chunked state
-              kernel's capture programs, counts for those programs only).
+              kernel's capture programs, counts for those programs only; in a loop, the body
+              of an `if` inside the loop in the source counts for the iterations that ran it,
+              bar predicated instructions, which issue either way).
     latency = waves x one program's dependent time: the straight-line code (the path most
               programs take) and each loop iteration replayed in order for one warp as the
               hardware schedules it, by the bits ptxas encodes in each instruction
               (sass.Control): an instruction issues its predecessor's stall count after it, or
               later when it waits on a scoreboard barrier, which releases only when every
-              variable-latency result on it (loads, shuffles, MUFU) has landed; times the
-              loop's iterations per program (the median count of its lines; 0 where its
-              `for` line ran and no line of its body did, whose lines then count in no
-              program's path wherever the compiler put them). Other warps on the scheduler hide this only
+              variable-latency result on it (loads, shuffles, MUFU) has landed (a loop's
+              instructions that run in under half its iterations left out, as the
+              straight-line path leaves out the branches most programs skip); times the loop's
+              iterations per program (the median count of its lines; 0 where its `for` line
+              ran and no line of its body did, whose lines then count in no program's path
+              wherever the compiler put them). Other warps on the scheduler hide this only
               through `issue`: the two are reported apart so that a reader sees which one
               wins. A global load's latency is the L2 hit's (a fitted figure, LATENCY), plus
               the HBM miss's extra for the fraction of the kernel's requested bytes that go to
@@ -421,6 +425,41 @@ def _straight_share(instr: Instr, reached: dict[str, float], programs: int,
     return min(count / max(programs, 1), 1.0)
 
 
+@functools.lru_cache(maxsize=None)
+def _branch_lines_in_loops(path: str) -> frozenset[int]:
+    """The lines of a source file inside an `if` statement's branches within a loop's body: code
+    that an iteration may skip (a constexpr `if` compiles to all or nothing, and counts so)."""
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return frozenset()
+    lines = set()
+    for loop in ast.walk(tree):
+        if isinstance(loop, (ast.For, ast.While)):
+            for node in ast.walk(loop):
+                if isinstance(node, ast.If):
+                    for stmt in node.body + node.orelse:
+                        lines.update(range(stmt.lineno, stmt.end_lineno + 1))
+    return frozenset(lines)
+
+
+def _loop_shares(loop: Loop, lines: dict[str, float], executions: float | None) -> list[float]:
+    """The fraction of a loop's iterations that issue each of its instructions: 1, but for code in
+    a branch inside a loop's body in the source, its line's count / the loop's executions (at most
+    1). A predicated instruction counts 1: the compiler may have turned a short branch into
+    predicated code, which issues whether or not its condition holds."""
+    shares = []
+    for instr in loop.instrs:
+        share = 1.0
+        if executions and instr.chain and not instr.predicate and any(
+                line in _branch_lines_in_loops(path)
+                for path, line in (local_source(key) for key in instr.where.split("<"))):
+            count = _line_count(instr, lines)
+            share = 1.0 if count is None else min(count / executions, 1.0)
+        shares.append(share)
+    return shares
+
+
 def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list[str]]:
     """How many times the loop body ran over the whole grid: the median, over its instructions,
     of how many times each one's source line ran (lines outside the loop that the compiler
@@ -475,11 +514,13 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     loops = []
     for loop in [lp for lp in code.loops if lp.instrs and lp.end > lp.start]:
         executions, top = _executions(loop, lines)
-        per_iteration = replay_cycles(loop.instrs, iterations=3, global_load=global_load)
-        slots_it = issue_slots(loop.instrs)
+        loop_shares = _loop_shares(loop, lines, executions)
+        per_iteration = replay_cycles([i for i, share in zip(loop.instrs, loop_shares) if share >= 0.5],
+                                      iterations=3, global_load=global_load)
+        slots_it = issue_slots(loop.instrs, loop_shares)
         runs = executions if executions is not None else programs  # uncounted: once per program
         slots += slots_it * runs
-        instructions += len(loop.instrs) * runs
+        instructions += sum(loop_shares) * runs
         latency += per_iteration * runs / max(programs, 1)
         loops.append(LoopReport(loop.start, loop.depth, len(loop.instrs), slots_it, per_iteration,
                                 None if executions is None else executions / max(programs, 1), top))

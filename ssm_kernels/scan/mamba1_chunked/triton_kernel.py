@@ -18,13 +18,14 @@ change a bit of y or the final states.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ..._common import int_tables
+from ..._common import CaptureTable, int_tables
 from ..._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain,
                         launch, ptr_or, row_slots, sequence_span, strides_or_zeros)
 from ..problem import ScanProblem
@@ -96,6 +97,21 @@ def _kept(row, skip_slot, HAS_SKIP: tl.constexpr):
 
 
 @triton.jit
+def _next_offset(cap_offset_ptr, c, c_hi, none):
+    """The offset of capture entry c, or `none` (beyond every chunk) where the sequence has no more."""
+    return tl.load(cap_offset_ptr + c, mask=c < c_hi, other=none)
+
+
+@triton.jit
+def _store_capture(state, row, captured_ptr, i_g, i_p, o_n2, m_n2, skip_slot, s_cap_r, s_cap_g, s_cap_p, s_cap_n,
+                   HAS_SKIP: tl.constexpr):
+    """Capture row `row` takes `state` [NR, NL], in the capture buffer's dtype."""
+    p_cap = captured_ptr + row * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
+    tl.store(p_cap + o_n2 * s_cap_n, cast_for_store(state, p_cap.dtype.element_ty),
+             mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n2, False))
+
+
+@triton.jit
 def _mamba1_chunk_kernel(
     x_ptr, dt_ptr, A_ptr, stage_ptr, D_ptr, z_ptr, dt_bias_ptr,
     state_in_ptr, state_out_ptr, y_ptr, captured_ptr, slot_in_ptr, has_initial_ptr,
@@ -114,8 +130,8 @@ def _mamba1_chunk_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
     HAS_SKIP: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_POSITIONS: tl.constexpr,
-    HAS_CAPTURE: tl.constexpr, NR: tl.constexpr, NL: tl.constexpr, CHUNK: tl.constexpr,
-    PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
+    HAS_CAPTURE: tl.constexpr, CAPTURE_STEPS: tl.constexpr, CAPTURE_LOOP: tl.constexpr, NR: tl.constexpr,
+    NL: tl.constexpr, CHUNK: tl.constexpr, PAIRS: tl.constexpr, IS_BF16: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_g = tl.program_id(1).to(tl.int64)
@@ -162,18 +178,19 @@ def _mamba1_chunk_kernel(
         p_h0 = state_in_ptr + i_in * s_in_s + i_g * s_in_g + i_p * s_in_p + o_n2 * s_in_n
         h0 = tl.load(p_h0, mask=tl.where(starts, m_n2, False), other=0.0).to(tl.float32)
 
+    # Captures, in offset order: entry c is the next, at offset nxt (past every chunk once none is left).
     c = 0
     c_hi = 0
+    nxt = 0
     if HAS_CAPTURE:
         c = tl.load(cap_ptr_ptr + i_s)
         c_hi = tl.where(live, tl.load(cap_ptr_ptr + i_s + 1), c)  # a skipped row captures nothing
-        # Captures at offset 0: the initial state.
-        while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=-1) == 0:
-            row = tl.load(cap_row_ptr + c)
-            p_cap = captured_ptr + row * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
-            tl.store(p_cap + o_n2 * s_cap_n, cast_for_store(h0, p_cap.dtype.element_ty),
-                     mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n2, False))
+        nxt = _next_offset(cap_offset_ptr, c, c_hi, length + CHUNK)
+        while nxt == 0:  # offset 0: the initial state
+            _store_capture(h0, tl.load(cap_row_ptr + c), captured_ptr, i_g, i_p, o_n2, m_n2, skip_slot,
+                           s_cap_r, s_cap_g, s_cap_p, s_cap_n, HAS_SKIP)
             c += 1
+            nxt = _next_offset(cap_offset_ptr, c, c_hi, length + CHUNK)
 
     # Triton's software pipeline loads the next chunks' inputs while one is computed.
     for k in tl.range(0, tl.where(length > 0, tl.cdiv(phase + length, CHUNK), 0), num_stages=3):
@@ -199,20 +216,46 @@ def _mamba1_chunk_kernel(
             b_z = tl.load(p_z + o_seq * s_z_t, mask=m_c, other=0.0).to(tl.float32)
             b_y = b_y * b_z * tl.sigmoid(b_z)
         tl.store(p_y + o_seq * s_y_t, cast_for_store(b_y, y_ptr.dtype.element_ty), mask=m_c)
-        if HAS_CAPTURE:
-            # Captures after this chunk's tokens: the state after offset k is h at token k - 1.
-            while tl.load(cap_offset_ptr + c, mask=c < c_hi, other=lo + CHUNK + 1) <= lo + CHUNK:
-                at = tl.load(cap_offset_ptr + c) - 1 - lo  # its position in the chunk
-                row = tl.load(cap_row_ptr + c)
-                p_cap = captured_ptr + row * s_cap_r + i_g * s_cap_g + i_p * s_cap_p
-                b_cap = cast_for_store(_at_token(h, at), p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-                tl.store(p_cap + o_n2 * s_cap_n, b_cap, mask=tl.where(_kept(row, skip_slot, HAS_SKIP), m_n2, False))
+        # Captures after this chunk's tokens: the state after offset o is h at token o - 1.
+        if CAPTURE_STEPS > 0:
+            # At most CAPTURE_STEPS of them, in unrolled steps: a loop nested here would keep
+            # Triton from pipelining the chunk loop's loads. A chunk without one only compares.
+            for _ in tl.static_range(CAPTURE_STEPS):
+                if nxt <= lo + CHUNK:
+                    _store_capture(_at_token(h, nxt - 1 - lo), tl.load(cap_row_ptr + c), captured_ptr, i_g, i_p,
+                                   o_n2, m_n2, skip_slot, s_cap_r, s_cap_g, s_cap_p, s_cap_n, HAS_SKIP)
+                    c += 1
+                    nxt = _next_offset(cap_offset_ptr, c, c_hi, length + CHUNK)
+        if CAPTURE_LOOP:  # any number of them
+            while nxt <= lo + CHUNK:
+                _store_capture(_at_token(h, nxt - 1 - lo), tl.load(cap_row_ptr + c), captured_ptr, i_g, i_p,
+                               o_n2, m_n2, skip_slot, s_cap_r, s_cap_g, s_cap_p, s_cap_n, HAS_SKIP)
                 c += 1
+                nxt = _next_offset(cap_offset_ptr, c, c_hi, length + CHUNK)
         h0 = _at_token(h, CHUNK - 1)  # past the pass's end the tokens are identities: the final state
 
     p_out = state_out_ptr + i_out * s_out_s + i_g * s_out_g + i_p * s_out_p + o_n2 * s_out_n
     tl.store(p_out, cast_for_store(h0, p_out.dtype.element_ty), mask=tl.where(live, m_n2, False))
 
+
+
+# A chunk takes up to this many captures in unrolled steps; a pass with more in one chunk takes
+# them in a loop, which keeps Triton from pipelining the chunk loop (docs/chunked.md, Mamba-1).
+MAX_CAPTURE_STEPS = 4
+
+
+def capture_steps(captures: CaptureTable, chunk: int, start_positions: list[int]) -> tuple[int, bool]:
+    """(CAPTURE_STEPS, CAPTURE_LOOP) of a pass: the most captures after one chunk's tokens (offset
+    0, the initial state, is taken before the chunks), as a power of two up to MAX_CAPTURE_STEPS;
+    (0, True), the loop, beyond it or where the offsets are on the device only."""
+    if any(entry is None for entry in captures.entries):
+        return 0, True
+    per_chunk = Counter((s, (start_positions[s] % chunk + offset - 1) // chunk)
+                        for s, offset, _ in captures.entries if offset > 0)
+    most = max(per_chunk.values(), default=0)
+    if most > MAX_CAPTURE_STEPS:
+        return 0, True
+    return (triton.next_power_of_2(most) if most else 0), False
 
 
 def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int]:
@@ -264,6 +307,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
     stage_dtype = stage.dtype
     out = p.state_out
     cap = p.captures
+    capture_flags = dict(zip(("CAPTURE_STEPS", "CAPTURE_LOOP"), capture_steps(cap, chunk, start_positions)))
     if nchunks:
         launch(_stage_bc_kernel, (nseq, nchunks, ngroups),
             p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
@@ -280,6 +324,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
         **flags_for(_mamba1_chunk_kernel, p), HAS_POSITIONS=phases is not None,
-        NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32, IS_BF16=stage_dtype == torch.bfloat16,
+        **capture_flags, NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32,
+        IS_BF16=stage_dtype == torch.bfloat16,
         num_warps=1, **EXACT_ROUNDING,
     )

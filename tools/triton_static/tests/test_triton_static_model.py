@@ -157,3 +157,31 @@ def test_a_loop_whose_body_never_ran_runs_zero_times():
     assert model._straight_share(instrs[1], empty, programs=8) == 0.0
     assert model._straight_share(instrs[2], empty, programs=8) == 0.0
     assert model._straight_share(instrs[1], {**ran, key(20, 40): 8.0}, programs=8) == 1.0
+
+
+def test_a_branch_inside_a_loop_counts_for_the_iterations_that_ran_it():
+    """toy_kernels.double_every_eighth, 128 iterations in all: the add and the test run in every
+    one, the doubling in 16. Its unpredicated instruction issues in 1/8 of them and leaves the
+    path the latency replays; a predicated one issues in all."""
+    import toy_kernels
+    from triton_static.sass import Code, Control, Loop
+
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.double_every_eighth.fn)
+    add, test, double = (header + next(i for i, text in enumerate(lines) if text.strip().startswith(start))
+                         for start in ("x = x + 1", "if ", "x = x * 2"))
+
+    def instr(address, line, opcode, predicate="", stall=1):
+        return Instr(address, predicate, opcode, ["R1", "R2"], ((path, line),), Control(stall, 7, 7, 0))
+
+    body = [instr(0, add, "FADD"), instr(16, test, "ISETP"), instr(32, double, "FMUL", stall=10),
+            instr(48, double, "FMUL", "@P0")]
+    loop = Loop(start=0, end=48, instrs=body)
+    counts = {"lines": {source_key(path, add): 128.0, source_key(path, test): 128.0, source_key(path, double): 16.0}}
+    assert model._loop_shares(loop, counts["lines"], 128.0) == [1, 1, 0.125, 1]
+    code = Code(registers=32, ptxas_registers=32, spill_stores=0, spill_loads=0, stack=0, shared=0, instrs=body,
+                loops=[loop])
+    km = model.model_kernel(code, (1, 1, 1), 1, "none", counts)
+    assert km.loops[0].issue_slots_per_iteration == pytest.approx(3.125)  # the ALU pipe (ISETP: 2 slots) does not bind
+    assert km.loops[0].cycles_per_iteration == 3  # the unpredicated FMUL's 10-cycle stall left out
+    assert km.issue_slots == pytest.approx(128 * 3.125)

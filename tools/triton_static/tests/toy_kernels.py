@@ -1,5 +1,5 @@
-"""Toy kernels for the tool's tests (no other package needed): a row sum whose loop runs over
-blocks of a row, and a helper with a branch, whose source lines the model's tests refer to.
+"""Toy kernels for the tool's tests (no other package needed): a row sum, helpers with a branch
+(one inside a loop), whose source lines (by number: keep them in place) the model's tests use.
 
 `row_sum_kernel` follows TRITON_INTERPRET as this module is imported (the counts' subprocess
 interprets it); `jit_row_sum_kernel` is the same function as a JITFunction whatever the mode, so
@@ -45,4 +45,13 @@ def clamp_low(x, low):
         x = x * 1
         x = x - 0
         x = x + 0
+    return x
+
+
+@triton.jit
+def double_every_eighth(x, n):
+    for i in range(n):
+        x = x + 1
+        if i % 8 == 0:
+            x = x * 2
     return x
