@@ -307,7 +307,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
     stage_dtype = stage.dtype
     out = p.state_out
     cap = p.captures
-    capture_flags = dict(zip(("CAPTURE_STEPS", "CAPTURE_LOOP"), capture_steps(cap, chunk, start_positions)))
+    steps, loop = capture_steps(cap, chunk, start_positions)
     if nchunks:
         launch(_stage_bc_kernel, (nseq, nchunks, ngroups),
             p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
@@ -324,7 +324,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
         *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *strides_or_zeros(p.dt_bias, 2), *p.y.stride(),
         *strides_or_zeros(p.state_in, 4), *p.state_out.stride(), *p.captured.stride(),
         **flags_for(_mamba1_chunk_kernel, p), HAS_POSITIONS=phases is not None,
-        **capture_flags, NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32,
+        CAPTURE_STEPS=steps, CAPTURE_LOOP=loop, NR=nr, NL=nl, CHUNK=chunk, PAIRS=stage_dtype != torch.float32,
         IS_BF16=stage_dtype == torch.bfloat16,
         num_warps=1, **EXACT_ROUNDING,
     )
