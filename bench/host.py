@@ -1,4 +1,5 @@
-"""The engine ops' host work per layer call: python -m bench.host [--layers N] [--repeats N] [--device D] [--out DIR]
+"""The engine ops' and the public scan's host work per layer call: python -m bench.host [--layers N] [--repeats N]
+[--device D] [--out DIR]
 
 Without a GPU (and on one: --device cuda, below). A serving step builds one PrefillBatch (or
 DecodeBatch) and calls every layer's ops with it; on a GPU, what a call costs on the host
@@ -15,8 +16,11 @@ ones replay them): host time (median), the time from entry to the first launch, 
 kernels and views dispatched, and allocations (outputs whose storage no input shares); a step's
 batch is built before its layers (prefill_batch's own time is its own row), from host lengths and
 captures as the vLLM plugin builds it, and the layers are called as the plugin calls them: the
-first with validate=True, the later ones with validate=False. A warm-up step first, so that one-
-time work (each kernel's binder) is not counted.
+first with validate=True, the later ones with validate=False. Each step is a new prompt (other
+lengths). The public scan (`mamba2_scan`, recurrent and chunked) is called as a model's layers
+call it (ssm_kernels.layers, the transformers adapters): every layer a whole call, with new
+outputs; its later layers take the chunk tables the first one made (recent_chunk_tables). A
+warm-up step first, so that one-time work (each kernel's binder) is not counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
 layers within one run, not across machines. With --device cuda (on a GPU) the calls launch their
@@ -47,7 +51,7 @@ from triton.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
 from triton_static.launches import TARGET, recording  # noqa: E402
 
-from ssm_kernels import cache_ops  # noqa: E402
+from ssm_kernels import cache_ops, mamba2_scan  # noqa: E402
 from ssm_kernels.cache_ops import replay  # noqa: E402
 
 from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results  # noqa: E402
@@ -57,6 +61,7 @@ from .static_workloads import triton_path_on_cpu  # noqa: E402
 NHEADS, HEADDIM, NGROUPS, DSTATE, WIDTH = 8, 16, 1, 16, 4
 LENGTHS = [64, 64, 48, 80]  # one prefill step: four rows
 CHUNK = 16
+START_POSITIONS = [32, 0, 16, 0]
 
 
 class Dispatches(TorchDispatchMode):
@@ -77,20 +82,26 @@ class Dispatches(TorchDispatchMode):
         return out
 
 
-def _batch_args(device) -> tuple[tuple, dict]:
+def _lengths(step: int) -> list[int]:
+    """The rows' lengths at step `step`: each step a new prompt (its first row `step` tokens longer
+    and its second as many shorter than LENGTHS, the tokens of a step unchanged)."""
+    return [LENGTHS[0] + step, LENGTHS[1] - step, *LENGTHS[2:]]
+
+
+def _batch_args(device, step: int = 0) -> tuple[tuple, dict]:
     """prefill_batch's arguments for one step as an engine gives them (the vLLM plugin): four rows,
     two captures, start positions; lengths and the captures' sequences and offsets on the host."""
-    bounds = [0, *torch.tensor(LENGTHS).cumsum(0).tolist()]
+    bounds = [0, *torch.tensor(_lengths(step)).cumsum(0).tolist()]
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     return (cu, torch.arange(len(LENGTHS), dtype=torch.int32, device=device)), dict(
         has_initial_state=torch.tensor([True, False, True, False], device=device), capture_seq=[0, 2],
         capture_offset=[16, 40], capture_slot=torch.tensor([8, 9], device=device), nslots=16, validate=False,
-        start_positions=[32, 0, 16, 0], host_cu_seqlens=bounds)
+        start_positions=START_POSITIONS, host_cu_seqlens=bounds)
 
 
-def _step(device):
+def _step(device, step: int = 0):
     """One prefill step's and one decode step's batches, caches and a layer's inputs."""
-    args, kwargs = _batch_args(device)
+    args, kwargs = _batch_args(device, step)
     nseq, ntok = len(LENGTHS), sum(LENGTHS)
     prefill = cache_ops.prefill_batch(*args, **kwargs)
     decode = cache_ops.decode_batch(args[1], validate=False)
@@ -135,7 +146,23 @@ def calls(s) -> dict:
         "mamba2_decode": lambda validate: cache_ops.mamba2_decode(
             s["decode"], x2d, dt2d, s["A"], B2d, C2d, ssm_state=s["ssm2"], out=y2d,
             D=s["D"], dt_bias=s["dt_bias"], dt_softplus=True, backend="triton", validate=validate),
+        **public_calls(s),
     }
+
+
+def public_calls(s) -> dict:
+    """The public scan as a model's layers call it (ssm_kernels.layers, the transformers adapters):
+    each layer a pass over the step's sequences (cu_seqlens on the device, initial states, the
+    step's two captures, the rows' start positions), new outputs each call; no `validate`."""
+    packed = {k: s[k].unsqueeze(0) for k in ("x", "dt", "B", "C")}
+    seqs = s["prefill"].seqs
+    initial = torch.zeros(seqs.count, NHEADS, HEADDIM, DSTATE, device=s["x"].device)
+    capture = [(0, 16), (2, 40)]
+    mamba2 = lambda algorithm: lambda validate: mamba2_scan(
+        packed["x"], packed["dt"], s["A"], packed["B"], packed["C"], D=s["D"], dt_bias=s["dt_bias"],
+        dt_softplus=True, initial_states=initial, cu_seqlens=seqs.cu_seqlens, capture=capture, backend="triton",
+        algorithm=algorithm, chunk_size=CHUNK, start_positions=START_POSITIONS)
+    return {"mamba2_scan recurrent": mamba2("recurrent"), "mamba2_scan chunked": mamba2("chunked")}
 
 
 _BACKEND = make_backend(TARGET)
@@ -228,15 +255,15 @@ def measure(layers: int, repeats: int, device: torch.device) -> list[dict]:
     for name in calls(_step(device)):
         timed = []
         with launches_on_gpu() if on_gpu else launches_stubbed():
-            for _ in range(repeats + 1):
-                call = calls(_step(device))[name]
+            for step in range(repeats + 1):
+                call = calls(_step(device, step))[name]
                 timed.append([_timed(lambda: call(layer == 0)) for layer in range(layers)])
                 if on_gpu:
                     torch.cuda.synchronize()
         timed = timed[1:]  # the first step warms up
         counts = [{}] * layers
         if not on_gpu:
-            call = calls(_step(device))[name]
+            call = calls(_step(device, repeats + 1))[name]  # a new step's, as the timed ones
             counts = [_counted(lambda: call(layer == 0)) for layer in range(layers)]
         row = {"op": name}
         for part, span in LAYERS.items():
@@ -253,8 +280,9 @@ def markdown(rows: list[dict], env: dict) -> str:
            else "CPU, Triton launches stubbed after binding")
     header = (f"Host work per layer call ({how}; {env['cpu']}, "
               f"commit {env['commit']}, {env['date']}): a step of {env['layers']} layers, "
-              f"{env['repeats']} steps; time is the median, counts the largest. The first layer validates; the "
-              f"first two record their launches, the later ones replay them.\n\n")
+              f"{env['repeats']} steps; time is the median, counts the largest. An engine op's first layer "
+              f"validates; its first two record their launches, the later ones replay them. The public "
+              f"scan's layers are whole calls; its later ones reuse the first one's chunk tables.\n\n")
     body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in LAYERS),
              f"{r['later']['first_launch_us']:.0f}" if "later" in r else "",
              *(r["later"].get(c, "") if "later" in r else "" for c in ("launches", "torch_kernels", "views",

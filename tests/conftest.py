@@ -12,12 +12,20 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import ssm_kernels._common  # noqa: E402
+from ssm_kernels.scan.mamba2_chunked import tables as chunk_tables  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output a kernel allocates starts as NaN, so an element it never writes fails a test."""
     monkeypatch.setattr(ssm_kernels._common, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture(autouse=True)
+def own_chunk_tables():
+    """Each test plans its own passes: a pass's chunk tables, kept for the next pass like it
+    (recent_chunk_tables), would hide a test's patched planning."""
+    chunk_tables._recent_tables.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -4,13 +4,14 @@ The Triton kernels run through the interpreter here, with small chunks (16) so t
 sequences cross several chunk boundaries and end in partial chunks.
 """
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
-from ssm_kernels._common import Sequences
+from ssm_kernels._common import Sequences, make_capture_table
 from ssm_kernels._triton import launch
 from ssm_kernels.scan.mamba2_chunked import AUTO_CHUNKED_MIN_TOKENS, resolve_algorithm
 from ssm_kernels.scan.mamba2_chunked import tables as chunk_tables
@@ -163,6 +164,80 @@ def test_row_chunks_only_where_each_sequence_starts_its_row_on_the_grid(lengths,
                                    for c in range(len(plan.chunk_list))]
 
 
+def _recent(lengths=(37, 0, 5), varlen=True, captures=((0, 20), (2, 5)), chunk=CHUNK, starts=(16, 0, 3),
+            device=torch.device("cpu")):
+    seqs = Sequences(None, list(lengths), varlen)
+    return chunk_tables.recent_chunk_tables(seqs, make_capture_table(list(captures), seqs, torch.device("cpu")), chunk,
+                                            list(starts), device)
+
+
+def _same_tables(a, b) -> bool:
+    return all(torch.equal(getattr(a, f.name), getattr(b, f.name)) if isinstance(getattr(a, f.name), torch.Tensor)
+               else getattr(a, f.name) == getattr(b, f.name) for f in dataclasses.fields(a))
+
+
+def test_a_pass_like_a_recent_one_takes_its_tables():
+    """A model's layers run one pass after another on the same sequences: its chunk tables are
+    planned and copied once. Captures at the same places in another order take them too (each
+    call's own row table says where each capture goes); a pass that differs in lengths, layout,
+    captures, chunk size or start positions gets tables of its own, as planned afresh."""
+    first = _recent()
+    assert _recent() is first
+    assert _recent(captures=((2, 5), (0, 20))) is first
+    for other in [dict(lengths=(37, 0, 6)), dict(varlen=False), dict(captures=((0, 21), (2, 5))),
+                  dict(captures=((0, 20), (2, 5), (2, 5))), dict(chunk=32), dict(starts=(5, 0, 3))]:
+        got = _recent(**other)
+        assert got is not first and not _same_tables(got, first), other
+        args = {**dict(lengths=(37, 0, 5), varlen=True, captures=((0, 20), (2, 5)), chunk=CHUNK, starts=(16, 0, 3)),
+                **other}
+        seqs = Sequences(None, list(args["lengths"]), args["varlen"])
+        cpu = torch.device("cpu")
+        fresh = chunk_tables.make_chunk_tables(seqs, make_capture_table(list(args["captures"]), seqs, cpu),
+                                               args["chunk"], list(args["starts"]), cpu)
+        assert _same_tables(got, fresh), other
+    for n in range(chunk_tables.RECENT_TABLES):
+        _recent(lengths=(40 + n, 0, 5))
+    assert _recent() is not first and _same_tables(_recent(), first)  # forgotten, planned again alike
+
+
+def test_recent_tables_are_kept_per_stream_and_never_for_a_captured_graph(monkeypatch):
+    """On a GPU the tables' copy runs on the pass's stream: a pass on another stream gets tables of
+    its own, and a pass captured into a CUDA graph, which would keep reading them after this
+    cache let them go, always does."""
+    real = chunk_tables.int_tables
+    monkeypatch.setattr(chunk_tables, "int_tables", lambda device, *lists: real(torch.device("cpu"), *lists))
+    current = {"stream": 1, "capturing": False}
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(cuda_stream=current["stream"]))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: current["capturing"])
+    cuda = torch.device("cuda", 0)
+    first = _recent(device=cuda)
+    assert _recent(device=cuda) is first
+    assert _recent() is not first  # another device
+    current["stream"] = 2
+    second = _recent(device=cuda)
+    assert second is not first and _same_tables(second, first)
+    current["capturing"] = True
+    assert _recent(device=cuda) is not second and _recent(device=cuda) is not _recent(device=cuda)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_passes_one_after_another_each_on_its_own_tables(backend, device):
+    """A pass between two like passes, with other lengths and captures, gives what it gives alone."""
+    args, kw = mamba2_positional(mamba2_inputs(1, 40, **SMALL, nseq=2, device=device))
+    kw.update(dt_softplus=True)
+    cu = lambda bounds: torch.tensor(bounds, device=device)
+    a = dict(cu_seqlens=cu([0, 23, 40]), capture=[(0, 5), (1, 17)], start_positions=[16, 0])
+    b = dict(cu_seqlens=cu([0, 9, 40]), capture=[(1, 30)], start_positions=[0, 32])
+    alone = chunked(*args, **kw, **b, backend=backend)
+    chunk_tables._recent_tables.cache_clear()
+    first = chunked(*args, **kw, **a, backend=backend)
+    between = chunked(*args, **kw, **b, backend=backend)
+    again = chunked(*args, **kw, **a, backend=backend)
+    for got, want in [(between, alone), (again, first)]:
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 @pytest.mark.parametrize("batch, cu_seqlens, starts", [(3, None, [0, 32, 0]), (1, [0, 45], [16])])
 def test_output_kernel_spans_from_the_chunk_index_give_the_tables_bits(monkeypatch, batch, cu_seqlens, starts,
                                                                       device):
@@ -185,7 +260,9 @@ def test_output_kernel_spans_from_the_chunk_index_give_the_tables_bits(monkeypat
     assert row_chunks == [3]
     real = chunk_tables.plan_chunks
     monkeypatch.setattr(chunk_tables, "plan_chunks", lambda *a: dataclasses.replace(real(*a), row_chunks=0))
+    chunk_tables._recent_tables.cache_clear()  # the pass is planned again, not taken from the last one
     from_table = chunked(*args, **kw, backend="triton")
+    assert row_chunks == [3, 0]
     assert torch.equal(from_index.y, from_table.y) and torch.equal(from_index.final_states, from_table.final_states)
     kw.pop("start_positions")  # the float64 reference has no grid
     assert_rel_close(from_index.y, mamba2_scan_ref(*args, **kw).y, TOLERANCE[torch.bfloat16], "y")

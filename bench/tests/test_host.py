@@ -1,5 +1,6 @@
 """The engine ops' host work per layer call (python -m bench.host): a step's later layers replay
-the launches its first two recorded, and run nothing else: no torch kernel, view or allocation."""
+the launches its first two recorded, and run nothing else: no torch kernel, view or allocation.
+The public scan's later layers take the chunk tables its first layer made."""
 import json
 import os
 import subprocess
@@ -45,3 +46,12 @@ def test_a_later_layer_launches_and_runs_nothing_else(rows, op):
 def test_the_chunked_path_builds_the_steps_tensors_in_its_first_layer(rows):
     assert rows["mamba2_prefill chunked"]["first"]["allocations"] > 0
     assert rows["mamba2_prefill chunked"]["later"]["allocations"] == 0
+
+
+def test_the_public_chunked_scan_makes_its_tables_in_a_steps_first_layer(rows):
+    """The first layer's call plans and copies the chunk tables (their views of the one copy);
+    the later layers' calls take them and are otherwise the same call."""
+    chunked, recurrent = rows["mamba2_scan chunked"], rows["mamba2_scan recurrent"]
+    assert chunked["first"]["launches"] == chunked["later"]["launches"] == 5
+    assert chunked["first"]["views"] > chunked["later"]["views"]
+    assert recurrent["first"]["views"] == recurrent["later"]["views"]  # no tables to make

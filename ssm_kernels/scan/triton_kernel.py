@@ -25,6 +25,8 @@ a skip slot for padding rows.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -391,6 +393,7 @@ def _scan_kernel(
     tl.store(p_out, cast_for_store(state, state_out_ptr.dtype.element_ty), mask=tl.where(live, m_pn, False))
 
 
+@functools.lru_cache(maxsize=None)
 def launch_config(headdim: int, dstate: int, input_bits: int, a_per_state: bool = False,
                   gated: bool = False) -> tuple[int, int, int, int, int]:
     """(R, J, PL, L, V) of a one-warp program (num_warps=1) for the model dimensions, the bits of B and C's dtype and

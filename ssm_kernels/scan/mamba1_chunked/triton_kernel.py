@@ -18,6 +18,7 @@ change a bit of y or the final states.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -258,6 +259,7 @@ def capture_steps(captures: CaptureTable, chunk: int, start_positions: list[int]
     return (triton.next_power_of_2(most) if most else 0), False
 
 
+@functools.lru_cache(maxsize=None)
 def launch_config(dstate: int, chunk: int, input_bits: int) -> tuple[int, int]:
     """(NR, NL) of a program, which is one warp per channel (num_warps=1); a thread holds a 128-bit run of tokens for NR
     state entries, the chunk's tokens spread over the lanes and NL lanes share the state

@@ -17,7 +17,7 @@ Design and cost: docs/chunked.md.
 from __future__ import annotations
 
 from ..algorithm import ALGORITHMS, ChunkedRules, check_start_positions
-from .tables import ChunkTables, make_chunk_tables
+from .tables import ChunkTables, make_chunk_tables, recent_chunk_tables
 from .torch_kernel import run_chunked_torch
 from .triton_kernel import run_chunked_triton
 
@@ -44,9 +44,9 @@ resolve_algorithm = RULES.resolve_algorithm
 
 def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
     """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend."""
-    tables = make_chunk_tables(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
+    tables = recent_chunk_tables(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
     (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, tables)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkTables",
-           "check_chunk_size", "check_start_positions", "resolve_algorithm", "run"]
+           "make_chunk_tables", "check_chunk_size", "check_start_positions", "resolve_algorithm", "run"]

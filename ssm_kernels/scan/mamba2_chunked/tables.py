@@ -20,6 +20,7 @@ need the rows on the host.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -145,6 +146,34 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
     its rows are read by the kernels only."""
     plan = plan_chunks(seqs, captures.entries, chunk_size, start_positions)
     return plan.on_device(*int_tables(device, *plan.device_lists))  # one copy
+
+
+# Passes whose tables were made lately, by what the tables depend on (and the stream whose copy
+# filled them): the layers of a model run one pass after another on the same sequences.
+RECENT_TABLES = 16
+
+
+def recent_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
+                        device: torch.device) -> ChunkTables:
+    """make_chunk_tables's tables, the same tensors for a pass like one of the last RECENT_TABLES
+    (same grid and captures on the same device and stream; nothing writes them), so a model's
+    later layers skip the planning and the copy. A pass captured into a CUDA graph gets tables of
+    its own: the graph would keep reading memory that this cache may free."""
+    stream = None
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return make_chunk_tables(seqs, captures, chunk_size, start_positions, device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+    return _recent_tables(chunk_size, seqs.varlen, tuple(seqs.lengths), tuple(start_positions),
+                          tuple((s, k) for s, k, _ in captures.entries), device, stream)
+
+
+@functools.lru_cache(maxsize=RECENT_TABLES)
+def _recent_tables(chunk_size: int, varlen: bool, lengths: tuple, start_positions: tuple, captures: tuple,
+                   device: torch.device, stream: int | None) -> ChunkTables:
+    entries = [(s, k, None) for s, k in captures]  # the rows stay the pass's own
+    return make_chunk_tables(Sequences(None, list(lengths), varlen), CaptureTable(None, None, None, entries),
+                             chunk_size, list(start_positions), device)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ the 1e-2 of every 16-bit result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -677,6 +678,7 @@ _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 MATMUL_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.bfloat16, torch.float16: torch.bfloat16}
 
 
+@functools.lru_cache(maxsize=None)
 def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype) -> dict:
     """Tiles and warps, a function of the model dimensions, chunk size and input dtype alone (never
     of sequence lengths or batch composition, which would change rounding between passes).
@@ -684,7 +686,8 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
     16-bit inputs: 64-row tiles with 4 warps (one warpgroup: Hopper's wgmma takes M = 64 per
     warpgroup), 3 pipeline stages (2 for the output kernel, see below). float32 inputs run IEEE
     FMA dots, whose operands live in registers: smaller K and dstate blocks keep them from
-    spilling. tl.dot needs every block >= 16.
+    spilling. tl.dot needs every block >= 16. Made once for each set of arguments and shared by
+    every pass that takes it (cached): read it, never change it.
     """
     wide = dtype != torch.float32
     block_n = max(16, triton.next_power_of_2(dstate))
