@@ -39,7 +39,7 @@ from triton_static.calls import gpu_model, model_call, model_version  # noqa: E4
 from triton_static.launches import TARGET, recording  # noqa: E402
 from triton_static.model import HBM_BYTES_PER_S  # noqa: E402
 
-from .common import REPO_ROOT, git_commit  # noqa: E402
+from .common import REPO_ROOT, git_commit, install_sigterm_handler  # noqa: E402
 from .static_report import LABEL, markdown, merge, rounded, summary_lines  # noqa: E402
 from .static_workloads import (DECODE_BATCHES, MIXED_KERNELS, PREFILL_TOKENS, SHAPES, UNALIKE_AXES, WORKLOADS,  # noqa: E402
                                count_sizes, mamba_ssm_ops, model_selective_scan_fn, parse_layer, run_call,
@@ -217,6 +217,7 @@ def main(argv=None) -> int:
                         help="replace the selected calls in the report already in --out and keep its others "
                              "(refused when another version of the model wrote it)")
     args = parser.parse_args(argv)
+    install_sigterm_handler()  # a `kill` unwinds: subprocess.run then ends the counting subprocess too
     if args.quick:
         args.shape = args.shape or ["2.7B", "2.8B"]
         args.tokens = args.tokens or [8192]

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -314,3 +316,44 @@ def test_one_launch_floor_by_hand():
     (row,) = one_launch_floor(data).splitlines()[2:]
     assert row.split() == ["S", "8192", "0.5", f"{total:.3g}", f"{total / 0.25:.3g}", f"{output:.3g}",
                            f"{output / 0.25:.3g}", "0.25"]
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (not gone, not a zombie left unreaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads process children from Linux's /proc")
+def test_a_killed_report_ends_its_counting_subprocess(tmp_path):
+    """bench.static counts in a subprocess: a `kill` (SIGTERM) of the report must end that one
+    too, not leave it counting on for minutes. The report's own run is a count that waits."""
+    toy = ROOT / "tools" / "triton_static" / "tests"
+    script = ("import sys; from unittest import mock; import bench.static as S; from triton_static import counts\n"
+              f"with mock.patch.object(S, 'run', lambda args: counts.count([{{'sizes': [1]}}], 'toy_kernels:wait', "
+              f"cwd={str(toy)!r})):\n    S.main(['--no-peers', '--out', {str(tmp_path)!r}])\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    report = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not _children(report.pid):
+            assert time.monotonic() < deadline and report.poll() is None, "no counting subprocess started"
+            time.sleep(0.1)
+        (child,) = _children(report.pid)
+        time.sleep(2)  # the subprocess is in its runner
+        assert _running(child)
+        report.terminate()
+        assert report.wait(timeout=30) != 0
+        deadline = time.monotonic() + 15
+        while _running(child):
+            assert time.monotonic() < deadline, "the counting subprocess outlived the report"
+            time.sleep(0.2)
+    finally:
+        report.kill()
+        report.wait()

@@ -55,3 +55,9 @@ def double_every_eighth(x, n):
         if i % 8 == 0:
             x = x * 2
     return x
+
+
+def wait(request: dict, size: int) -> None:
+    """A runner that counts nothing for a minute (a parent killed meanwhile must not leave it)."""
+    import time
+    time.sleep(60)
