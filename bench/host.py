@@ -62,6 +62,7 @@ NHEADS, HEADDIM, NGROUPS, DSTATE, WIDTH = 8, 16, 1, 16, 4
 LENGTHS = [64, 64, 48, 80]  # one prefill step: four rows
 CHUNK = 16
 START_POSITIONS = [32, 0, 16, 0]
+CAPTURES = [(0, 16), (2, 40)]  # (row, offset)
 
 
 class Dispatches(TorchDispatchMode):
@@ -94,8 +95,9 @@ def _batch_args(device, step: int = 0) -> tuple[tuple, dict]:
     bounds = [0, *torch.tensor(_lengths(step)).cumsum(0).tolist()]
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     return (cu, torch.arange(len(LENGTHS), dtype=torch.int32, device=device)), dict(
-        has_initial_state=torch.tensor([True, False, True, False], device=device), capture_seq=[0, 2],
-        capture_offset=[16, 40], capture_slot=torch.tensor([8, 9], device=device), nslots=16, validate=False,
+        has_initial_state=torch.tensor([True, False, True, False], device=device),
+        capture_seq=[s for s, _ in CAPTURES], capture_offset=[k for _, k in CAPTURES],
+        capture_slot=torch.tensor([8, 9], device=device), nslots=16, validate=False,
         start_positions=START_POSITIONS, host_cu_seqlens=bounds)
 
 
@@ -157,10 +159,9 @@ def public_calls(s) -> dict:
     packed = {k: s[k].unsqueeze(0) for k in ("x", "dt", "B", "C")}
     seqs = s["prefill"].seqs
     initial = torch.zeros(seqs.count, NHEADS, HEADDIM, DSTATE, device=s["x"].device)
-    capture = [(0, 16), (2, 40)]
     mamba2 = lambda algorithm: lambda validate: mamba2_scan(
         packed["x"], packed["dt"], s["A"], packed["B"], packed["C"], D=s["D"], dt_bias=s["dt_bias"],
-        dt_softplus=True, initial_states=initial, cu_seqlens=seqs.cu_seqlens, capture=capture, backend="triton",
+        dt_softplus=True, initial_states=initial, cu_seqlens=seqs.cu_seqlens, capture=CAPTURES, backend="triton",
         algorithm=algorithm, chunk_size=CHUNK, start_positions=START_POSITIONS)
     return {"mamba2_scan recurrent": mamba2("recurrent"), "mamba2_scan chunked": mamba2("chunked")}
 

@@ -164,11 +164,19 @@ def test_row_chunks_only_where_each_sequence_starts_its_row_on_the_grid(lengths,
                                    for c in range(len(plan.chunk_list))]
 
 
-def _recent(lengths=(37, 0, 5), varlen=True, captures=((0, 20), (2, 5)), chunk=CHUNK, starts=(16, 0, 3),
-            device=torch.device("cpu")):
-    seqs = Sequences(None, list(lengths), varlen)
-    return chunk_tables.recent_chunk_tables(seqs, make_capture_table(list(captures), seqs, torch.device("cpu")), chunk,
-                                            list(starts), device)
+PASS = dict(lengths=(37, 0, 5), varlen=True, captures=((0, 20), (2, 5)), chunk=CHUNK, starts=(16, 0, 3))
+
+
+def _tables(make, device=torch.device("cpu"), **changes):
+    """make (make_chunk_tables or recent_chunk_tables) for PASS with `changes`."""
+    p = {**PASS, **changes}
+    seqs = Sequences(None, list(p["lengths"]), p["varlen"])
+    return make(seqs, make_capture_table(list(p["captures"]), seqs, torch.device("cpu")), p["chunk"],
+                list(p["starts"]), device)
+
+
+def _recent(**changes):
+    return _tables(chunk_tables.recent_chunk_tables, **changes)
 
 
 def _same_tables(a, b) -> bool:
@@ -188,13 +196,7 @@ def test_a_pass_like_a_recent_one_takes_its_tables():
                   dict(captures=((0, 20), (2, 5), (2, 5))), dict(chunk=32), dict(starts=(5, 0, 3))]:
         got = _recent(**other)
         assert got is not first and not _same_tables(got, first), other
-        args = {**dict(lengths=(37, 0, 5), varlen=True, captures=((0, 20), (2, 5)), chunk=CHUNK, starts=(16, 0, 3)),
-                **other}
-        seqs = Sequences(None, list(args["lengths"]), args["varlen"])
-        cpu = torch.device("cpu")
-        fresh = chunk_tables.make_chunk_tables(seqs, make_capture_table(list(args["captures"]), seqs, cpu),
-                                               args["chunk"], list(args["starts"]), cpu)
-        assert _same_tables(got, fresh), other
+        assert _same_tables(got, _tables(chunk_tables.make_chunk_tables, **other)), other
     for n in range(chunk_tables.RECENT_TABLES):
         _recent(lengths=(40 + n, 0, 5))
     assert _recent() is not first and _same_tables(_recent(), first)  # forgotten, planned again alike
