@@ -64,6 +64,17 @@ def readme_block(folder: Path, scan: dict, serve: dict | None) -> str:
     return "\n".join(lines)
 
 
+def sweep_line(sweep: dict) -> str:
+    """bench.sweep's fastest configuration at each shape, against the default."""
+    best: dict[str, dict] = {}
+    for row in sweep["rows"]:
+        if row.get("vs_default") is not None and row["vs_default"] < best.get(row["shape"], {}).get("vs_default", 2):
+            best[row["shape"]] = row
+    found = "; ".join(f"{shape}: {r['config']} {r['vs_default']:.3f}x (bit for bit: {'yes' if r['bitwise'] else 'no'})"
+                      for shape, r in best.items())
+    return f"== bench.sweep, the fastest launch configuration a shape against the default: {found or 'none measured'}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
@@ -83,6 +94,9 @@ def main(argv=None) -> int:
     if chain and chain.get("hop_us") is not None:
         parts.append(f"== bench.chain: {chain['hop_us']:.2f} us a state hand-off between programs "
                      f"({chain['environment']['device']})")
+    sweep = _load(args.folder / "sweep" / "sweep.json")
+    if sweep and sweep["mode"] == "gpu":
+        parts.append(sweep_line(sweep))
     for name, data, table in (("scan", scan, scan_short_table), ("serve", serve, serve_short_table)):
         if data is None:
             parts.append(f"== bench.{name}: no results ({args.folder / (name + '.json')} missing or unreadable)")
