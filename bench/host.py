@@ -9,17 +9,18 @@ runs on CPU tensors, at a small layer shape so that the torch ops that do run on
 little, with its Triton launches stubbed: for the times, each launch through JITFunction.run does
 what it does for a compiled kernel before the driver call (the generated binder for sm_90a, the
 cache key) and returns a stand-in for the compiled kernel, whose launcher a replayed launch
-(ssm_kernels/cache_ops/replay.py) calls and which does nothing; for the counts, a second pass
+(ssm_kernels/_replay.py) calls and which does nothing; for the counts, a second pass
 records the launches (triton_static.launches.recording) and the torch dispatches. Per op, for the
-step's first layer, its second and its later layers (the first two record their launches, the later
-ones replay them): host time (median), the time from entry to the first launch, launches, torch
-kernels and views dispatched, and allocations (outputs whose storage no input shares); a step's
-batch is built before its layers (prefill_batch's own time is its own row), from host lengths and
-captures as the vLLM plugin builds it, and the layers are called as the plugin calls them: the
-first with validate=True, the later ones with validate=False. Each step is a new prompt (other
-lengths). The public scan (`mamba2_scan`, recurrent and chunked) is called as a model's layers
-call it (ssm_kernels.layers, the transformers adapters): every layer a whole call, with new
-outputs; its later layers take the chunk tables the first one made (recent_chunk_tables). A
+step's first layer, its second, its third and its later layers (an engine op's first two record
+their launches and the later ones replay them): host time (median), the time from entry to the
+first launch, launches, torch kernels and views dispatched, and allocations (outputs whose storage
+no input shares); a step's batch is built before its layers (prefill_batch's own time is its own
+row), from host lengths and captures as the vLLM plugin builds it, and the layers are called as the
+plugin calls them: the first with validate=True, the later ones with validate=False. Each step is a
+new prompt (other lengths). The public scan (`mamba2_scan`, recurrent and chunked) is called as a
+model's layers call it (ssm_kernels.layers, the transformers adapters): every layer a whole call,
+with new outputs; its later layers take the chunk tables the first one made, and the chunked scan's
+second and third record their launches and the later ones replay them (tables.recent_pass). A
 warm-up step first, so that one-time work (each kernel's binder) is not counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
@@ -52,7 +53,7 @@ from triton.runtime.jit import JITFunction, compute_cache_key, create_function_f
 from triton_static.launches import TARGET, recording  # noqa: E402
 
 from ssm_kernels import cache_ops, mamba2_scan  # noqa: E402
-from ssm_kernels.cache_ops import replay  # noqa: E402
+from ssm_kernels import _replay as replay  # noqa: E402
 
 from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results  # noqa: E402
 from .static_workloads import triton_path_on_cpu  # noqa: E402
@@ -240,9 +241,10 @@ def _counted(call) -> dict:
             "allocations": len(seen.allocations)}
 
 
-# A step's layers: the first (validated), the second (its launches recorded a second time) and the
-# later ones (replayed where the two recordings agree).
-LAYERS = {"first": slice(0, 1), "second": slice(1, 2), "later": slice(2, None)}
+# A step's layers: an engine op's first (validated, recorded), second (recorded again) and later ones
+# (replayed where the two recordings agree); the public scan's first (run as it is), second and third
+# (recorded) and later ones (replayed).
+LAYERS = {"first": slice(0, 1), "second": slice(1, 2), "third": slice(2, 3), "later": slice(3, None)}
 
 
 def measure(layers: int, repeats: int, device: torch.device) -> list[dict]:
@@ -283,13 +285,15 @@ def markdown(rows: list[dict], env: dict) -> str:
               f"commit {env['commit']}, {env['date']}): a step of {env['layers']} layers, "
               f"{env['repeats']} steps; time is the median, counts the largest. An engine op's first layer "
               f"validates; its first two record their launches, the later ones replay them. The public "
-              f"scan's layers are whole calls; its later ones reuse the first one's chunk tables.\n\n")
+              f"scan's layers are whole calls, its later ones on the first one's chunk tables: on Triton (chunked) "
+              f"its second and third record their launches and the later ones replay them with new scratch.\n\n")
     body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in LAYERS),
              f"{r['later']['first_launch_us']:.0f}" if "later" in r else "",
              *(r["later"].get(c, "") if "later" in r else "" for c in ("launches", "torch_kernels", "views",
                                                                          "allocations")),
              r["first"].get("allocations", "")] for r in rows]
-    columns = ["op", "first layer us", "second layer us", "later layers us", "later: first launch after us",
+    columns = ["op", "first layer us", "second layer us", "third layer us", "later layers us",
+               "later: first launch after us",
                "launches", "torch kernels", "views", "allocations", "first layer's allocations"]
     return header + markdown_table(columns, body) + "\n"
 
@@ -303,8 +307,8 @@ def main(argv=None) -> int:
                         help="cpu (default): launches stubbed, with counts; cuda: launched on the GPU, times only")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<date>-host)")
     args = parser.parse_args(argv)
-    if args.layers < 3 or args.repeats < 1:
-        parser.error("--layers must be at least 3 and --repeats at least 1")
+    if args.layers < 4 or args.repeats < 1:
+        parser.error("--layers must be at least 4 and --repeats at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a GPU")
     torch.set_num_threads(1)

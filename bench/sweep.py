@@ -77,12 +77,17 @@ def merged(base: dict, changes: dict) -> dict:
 
 @contextlib.contextmanager
 def configured(changes: dict):
-    """Within, every chunked Mamba-2 pass whose workspace is made there runs launch_config's
-    configuration with `changes`."""
-    from ssm_kernels.scan.mamba2_chunked import triton_kernel
+    """Within, every chunked Mamba-2 pass runs launch_config's configuration with `changes`. The
+    recent passes' recorded launches are dropped on the way in and out (tables.recent_pass): a
+    replay would launch the configuration it was recorded with."""
+    from ssm_kernels.scan.mamba2_chunked import tables, triton_kernel
     base = triton_kernel.launch_config
-    with mock.patch.object(triton_kernel, "launch_config", lambda *args: merged(base(*args), changes)):
-        yield
+    tables._recent_tables.cache_clear()
+    try:
+        with mock.patch.object(triton_kernel, "launch_config", lambda *args: merged(base(*args), changes)):
+            yield
+    finally:
+        tables._recent_tables.cache_clear()
 
 
 def _scan(inp: dict, capture=None):

@@ -5,6 +5,7 @@ anything, so rejected input leaves outputs, states and caches untouched.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -427,7 +428,25 @@ def _capture_pairs(capture) -> list[tuple[int, int]]:
 NO_CAPTURES = CaptureTable(None, None, None, [])
 
 
+def cache_stream(device: torch.device) -> tuple[bool, int | None]:
+    """(whether device tables made now may be kept for later calls, the stream their copy runs on:
+    None off CUDA). Not while a CUDA graph is being captured: the graph would go on reading memory
+    that a cache may free."""
+    if device.type != "cuda":
+        return True, None
+    if torch.cuda.is_current_stream_capturing():
+        return False, None
+    return True, torch.cuda.current_stream(device).cuda_stream
+
+
+RECENT_CAPTURE_TABLES = 16
+
+
 def make_capture_table(capture, seqs: Sequences, device: torch.device) -> CaptureTable:
+    """The checked captures of a pass as a table; the same table (nothing writes it) for the same
+    captures, in the same order, of a pass of as many sequences as one of the last
+    RECENT_CAPTURE_TABLES (a model's layers capture alike: one copy, and their launches agree for
+    a replay, _replay.py)."""
     pairs = _capture_pairs(capture)
     for i, (s, k) in enumerate(pairs):
         if not 0 <= s < seqs.count:
@@ -436,7 +455,19 @@ def make_capture_table(capture, seqs: Sequences, device: torch.device) -> Captur
             raise ValueError(f"capture offset {k} for sequence {s} is negative")
         if k > seqs.lengths[s]:
             raise ValueError(f"capture offset {k} for sequence {s} is past its length {seqs.lengths[s]}")
-    return capture_table([(s, k, row) for row, (s, k) in enumerate(pairs)], seqs.count, device)
+    keep, stream = cache_stream(device)
+    if not keep:
+        return _capture_table_of(tuple(pairs), seqs.count, device)
+    return _recent_capture_table(tuple(pairs), seqs.count, device, stream)
+
+
+def _capture_table_of(pairs: tuple, nseq: int, device: torch.device) -> CaptureTable:
+    return capture_table([(s, k, row) for row, (s, k) in enumerate(pairs)], nseq, device)
+
+
+@functools.lru_cache(maxsize=RECENT_CAPTURE_TABLES)
+def _recent_capture_table(pairs: tuple, nseq: int, device: torch.device, stream: int | None) -> CaptureTable:
+    return _capture_table_of(pairs, nseq, device)
 
 
 def capture_lists(entries, nseq: int) -> tuple[list, list[int], list[int], list[int]]:

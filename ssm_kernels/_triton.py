@@ -198,7 +198,7 @@ def flags_for(kernel, problem) -> dict[str, bool]:
 
 
 class _Recording(threading.local):
-    """Per thread: the recorder of the engine op being recorded (cache_ops/replay.py), which then
+    """Per thread: the recorder of the op being recorded (_replay.py), which then
     makes the thread's launches, or None."""
 
     recorder = None

@@ -1,9 +1,11 @@
-"""A step's later layers replay the launches its earlier layers recorded (cache_ops/replay.py):
-the rules on a stand-in kernel, then every engine op on Triton against a fresh step, bit for bit."""
+"""A step's later layers replay the launches its earlier layers recorded (_replay.py): the rules
+on a stand-in kernel (an engine step's, and fresh scratch's, as the public chunked scan replays),
+then every engine op on Triton against a fresh step, bit for bit."""
 from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import triton
 
 from helpers import mamba1_inputs, mamba2_inputs
 from ssm_kernels import _triton, cache_ops
-from ssm_kernels.cache_ops import replay
+from ssm_kernels import _replay as replay
 from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
 
 
@@ -33,14 +35,14 @@ class Op:
     on its tensor `x` (through _triton.launch) with what `body(x)` gives for the other arguments;
     `ran` counts the calls that ran the body."""
 
-    def __init__(self, body, kernel=None):
-        self.kernel, self.body, self.launches, self.ran = kernel or Kernel(), body, {}, 0
+    def __init__(self, body, kernel=None, fresh=False):
+        self.kernel, self.body, self.launches, self.ran, self.fresh = kernel or Kernel(), body, {}, 0, fresh
 
     def __call__(self, *tensors):
         def call():
             self.ran += 1
             _triton.launch(self.kernel, (2,), tensors[0], *self.body(*tensors), BLOCK=8, num_warps=1)
-        replay.run(self.launches, ("op",), tensors, call)
+        replay.run(self.launches, ("op",), tensors, call, fresh=self.fresh)
 
 
 TABLE = torch.arange(6)  # a step's table: the same tensor for every layer
@@ -80,6 +82,44 @@ def test_a_call_that_cannot_be_replayed_runs_as_it_is(body):
         op(torch.randn(4, 3))
     assert op.ran == 5
     assert [r is not None for r in recorders] == [True] * replay.RECORDINGS + [False] * (5 - replay.RECORDINGS)
+
+
+def test_fresh_replays_run_on_scratch_of_their_own():
+    """A public pass's replay (fresh): its first call records nothing, the second is watched, the
+    third checked against it; later calls get new scratch, laid out as the call made it (a view's
+    offset into its storage kept), and what the op keeps holds none of it."""
+    recorders, made = [], []
+
+    def body(x):
+        recorders.append(_triton.recording.recorder)
+        scratch = torch.empty(10)
+        made.append(weakref.ref(scratch))
+        return scratch[4:], 5, True
+    op = Op(body, fresh=True)
+    for _ in range(6):
+        op(torch.randn(4, 3))
+    assert op.ran == 3 and recorders[0] is None and None not in recorders[1:]
+    replayed = [args[1] for _, args, _ in op.kernel.launched[3:]]
+    for t in replayed:
+        assert t.storage_offset() == 4 and t.untyped_storage().nbytes() == 40 and t.dtype == torch.float32
+    assert len({t.untyped_storage().data_ptr() for t in replayed}) == len(replayed) or \
+        all(t is not u for t, u in itertools.combinations(replayed, 2)), "a new tensor each replay"
+    del replayed, t
+    op.kernel.launched.clear()
+    recorders.clear()
+    assert all(ref() is None for ref in made), "the recordings' scratch is not kept"
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: (x + 1, 5, True),  # a torch kernel: a replay would skip its work
+    lambda x, count=itertools.count(): (TABLE, next(count), True),  # recordings that differ
+    lambda x, count=itertools.count(): (torch.empty(3) if next(count) % 2 else TABLE, 5, True),  # scratch or not
+], ids=["torch kernel", "recordings differ", "scratch in one"])
+def test_a_fresh_call_that_cannot_be_replayed_runs_as_it_is(body):
+    op = Op(body, fresh=True)
+    for _ in range(6):
+        op(torch.randn(4, 3))
+    assert op.ran == 6
 
 
 def test_two_tensors_at_one_address_are_not_replayed():

@@ -1,6 +1,7 @@
 """The engine ops' host work per layer call (python -m bench.host): a step's later layers replay
 the launches its first two recorded, and run nothing else: no torch kernel, view or allocation.
-The public scan's later layers take the chunk tables its first layer made."""
+The public chunked scan's later layers take the chunk tables its first layer made, and replay the
+launches its second and third recorded."""
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from bench.common import REPO_ROOT as ROOT
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("host")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "bench.host", "--layers", "3", "--repeats", "5", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bench.host", "--layers", "5", "--repeats", "5", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| mamba2_prefill chunked |" in (out / "host.md").read_text()
@@ -48,10 +49,15 @@ def test_the_chunked_path_builds_the_steps_tensors_in_its_first_layer(rows):
     assert rows["mamba2_prefill chunked"]["later"]["allocations"] == 0
 
 
-def test_the_public_chunked_scan_makes_its_tables_in_a_steps_first_layer(rows):
-    """The first layer's call plans and copies the chunk tables (their views of the one copy);
-    the later layers' calls take them and are otherwise the same call."""
+def test_the_public_chunked_scan_plans_in_its_first_layer_and_replays_from_its_fourth(rows):
+    """The first layer's call plans and copies the chunk tables (their views of the one copy); the
+    second and third record their launches; the later layers' calls replay them: their outputs
+    and a new workspace allocated (as many allocations as a call that runs the stages), no other
+    torch kernel, and fewer views than a recording call."""
     chunked, recurrent = rows["mamba2_scan chunked"], rows["mamba2_scan recurrent"]
-    assert chunked["first"]["launches"] == chunked["later"]["launches"] == 5
-    assert chunked["first"]["views"] > chunked["later"]["views"]
-    assert recurrent["first"]["views"] == recurrent["later"]["views"]  # no tables to make
+    assert all(chunked[part]["launches"] == 5 for part in ("first", "second", "third", "later"))
+    assert chunked["first"]["views"] > chunked["third"]["views"] > chunked["later"]["views"]
+    later = chunked["later"]
+    assert later["allocations"] == chunked["third"]["allocations"] == later["torch_kernels"]
+    assert later["us"] < chunked["third"]["us"]
+    assert recurrent["first"]["views"] == recurrent["later"]["views"]  # no tables to make, no replay

@@ -10,7 +10,7 @@ Per-layer calls with the recurrent scan (the default) allocate nothing but the M
 table ((tokens, nheads, 2) float32); the prefill scans' chunked algorithm (algorithm="chunked" or
 "auto", with prefill_batch(..., start_positions=...)) builds its tables and scratch in a step's
 first layer. On Triton a step's later layers replay the launches its first two layers recorded
-(replay.py): no host work but the launches, no allocation (python -m bench.host counts them). With
+(ssm_kernels/_replay.py): no host work but the launches, no allocation (python -m bench.host counts them). With
 validate=False and no start_positions the batch builders read nothing back from the device (CUDA
 graphs, asynchronous scheduling); with start_positions they read the step's indices back once. Imports nothing of any
 serving engine.

@@ -43,7 +43,7 @@ class PrefillBatch:
         tensors they are given.
     prepared: what the step's layers share, built by the first layer that needs it: tables derived
         from the batch and scratch tensors (see per_step).
-    launches: the launches the step's layers recorded, replayed by its later layers (replay.py).
+    launches: the launches the step's layers recorded, replayed by its later layers (_replay.py).
     A batch made by dataclasses.replace starts without prepared and launches.
     """
 

@@ -2,7 +2,7 @@
 
 Each call takes the step's PrefillBatch or DecodeBatch, reads and writes the engine's cache tensors
 by slot and writes the output into `out`; on Triton a step's later calls replay the launches of its
-first two (replay.py). By default (algorithm="recurrent") it allocates nothing but the Mamba-2
+first two (_replay.py). By default (algorithm="recurrent") it allocates nothing but the Mamba-2
 scan's dt table, once a step (PrefillBatch.prepared): the same kernels as mamba2_scan, mamba1_scan and causal_conv1d
 (the recurrent scan, so a sequence's outputs and states are bit-identical however the engine
 splits, batches or captures it), launched on views. The prefill scans also take algorithm="chunked"
@@ -29,7 +29,8 @@ from ..scan import dispatch, mamba1_chunked
 from ..scan.mamba2 import check_mamba2_args, mamba2_problem
 from ..scan.problem import ScanProblem, check_scan_sizes
 from ..scan.triton_kernel import dt_table_shape
-from . import chunked, replay
+from . import chunked
+from .. import _replay as replay
 from .batch import DecodeBatch, PrefillBatch, step_scratch
 
 F32 = (torch.float32,)
@@ -37,7 +38,7 @@ ACTIVATIONS = (None, "silu", "swish")
 
 
 def _launch(batch, backend: str, op: tuple, tensors: tuple, call) -> None:
-    """call(), the op on the batch: on Triton through the step's replay (replay.py), where `op`
+    """call(), the op on the batch: on Triton through the step's replay (_replay.py), where `op`
     names the op and its other arguments and `tensors` are its tensor arguments."""
     if backend == "triton":
         replay.run(batch.launches, op, tensors, call)

@@ -16,8 +16,10 @@ Design and cost: docs/chunked.md.
 """
 from __future__ import annotations
 
+from ... import _replay
 from ..algorithm import ALGORITHMS, ChunkedRules, check_start_positions
-from .tables import ChunkTables, make_chunk_tables, recent_chunk_tables
+from . import triton_kernel
+from .tables import ChunkTables, make_chunk_tables, recent_pass
 from .torch_kernel import run_chunked_torch
 from .triton_kernel import run_chunked_triton
 
@@ -43,9 +45,24 @@ resolve_algorithm = RULES.resolve_algorithm
 
 
 def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
-    """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend."""
-    tables = recent_chunk_tables(problem.seqs, problem.captures, chunk_size, start_positions, problem.x.device)
-    (run_chunked_triton if backend == "triton" else run_chunked_torch)(problem, tables)
+    """Run a validated mamba2_scan problem with the chunked algorithm on a resolved backend.
+
+    The pass's tables come from a recent pass like it where there is one (tables.recent_pass), and
+    on Triton so do its launches: from a layout's fourth call on (a model's fourth layer over one
+    batch), the five kernels are launched as the second and third calls launched them, with this
+    call's tensors and new scratch (_replay.py), without the stages' host work."""
+    p = problem
+    recent = recent_pass(p.seqs, p.captures, chunk_size, start_positions, p.x.device)
+    if backend != "triton":
+        run_chunked_torch(p, recent.tables)
+        return
+    # Everything but the tensors that decides the launches (the tables and the chunk grid are
+    # the recent pass's; the capture rows' order is the entries').
+    op = ("mamba2_scan chunked", p.dt_softplus, p.dt_min, p.dt_max, p.a_per_state, p.skip_slot,
+          tuple(p.captures.entries), triton_kernel.FUSED_PASS)
+    tensors = (p.x, p.dt, p.A, p.B, p.C, p.D, p.z, p.dt_bias, p.state_in, p.state_index, p.has_initial,
+               p.state_out_index, p.y, p.state_out, p.captured)
+    _replay.run(recent.launches, op, tensors, lambda: run_chunked_triton(p, recent.tables), fresh=True)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkTables",

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..._common import CaptureTable, Sequences, int_tables
+from ..._common import CaptureTable, Sequences, cache_stream, int_tables
 
 
 class Chunk(NamedTuple):
@@ -153,27 +153,41 @@ def make_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, 
 RECENT_TABLES = 16
 
 
-def recent_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
-                        device: torch.device) -> ChunkTables:
-    """make_chunk_tables's tables, the same tensors for a pass like one of the last RECENT_TABLES
-    (same grid and captures on the same device and stream; nothing writes them), so a model's
-    later layers skip the planning and the copy. A pass captured into a CUDA graph gets tables of
-    its own: the graph would keep reading memory that this cache may free."""
-    stream = None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return make_chunk_tables(seqs, captures, chunk_size, start_positions, device)
-        stream = torch.cuda.current_stream(device).cuda_stream
+@dataclass(frozen=True)
+class RecentPass:
+    """A recent pass's tables, and the launches the public chunked path recorded over them, by
+    the call's other arguments and its tensors' layout (_replay.run's `launches`)."""
+
+    tables: ChunkTables
+    launches: dict
+
+
+def recent_pass(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
+                device: torch.device) -> RecentPass:
+    """make_chunk_tables's tables, the same tensors (with the same recorded launches) for a pass
+    like one of the last RECENT_TABLES (same grid and captures on the same device and stream;
+    nothing writes them), so a model's later layers skip the planning and the copy, and replay
+    their launches. A pass captured into a CUDA graph gets tables of its own: the graph would go
+    on reading memory that this cache may free."""
+    keep, stream = cache_stream(device)
+    if not keep:
+        return RecentPass(make_chunk_tables(seqs, captures, chunk_size, start_positions, device), {})
     return _recent_tables(chunk_size, seqs.varlen, tuple(seqs.lengths), tuple(start_positions),
                           tuple((s, k) for s, k, _ in captures.entries), device, stream)
 
 
+def recent_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
+                        device: torch.device) -> ChunkTables:
+    """recent_pass's tables."""
+    return recent_pass(seqs, captures, chunk_size, start_positions, device).tables
+
+
 @functools.lru_cache(maxsize=RECENT_TABLES)
 def _recent_tables(chunk_size: int, varlen: bool, lengths: tuple, start_positions: tuple, captures: tuple,
-                   device: torch.device, stream: int | None) -> ChunkTables:
+                   device: torch.device, stream: int | None) -> RecentPass:
     entries = [(s, k, None) for s, k in captures]  # the rows stay the pass's own
-    return make_chunk_tables(Sequences(None, list(lengths), varlen), CaptureTable(None, None, None, entries),
-                             chunk_size, list(start_positions), device)
+    return RecentPass(make_chunk_tables(Sequences(None, list(lengths), varlen), CaptureTable(None, None, None, entries),
+                                        chunk_size, list(start_positions), device), {})
 
 
 @dataclass(frozen=True)

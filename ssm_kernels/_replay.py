@@ -1,4 +1,4 @@
-"""A step's later layers launch what its earlier ones launched, with their own tensors.
+"""Later calls of a layout launch what earlier ones launched, with their own tensors.
 
 Every layer of a serving step makes the same launches: the same kernels and grids over the
 step's tables and workspace, at the same sizes; only the layer's own tensors (inputs, weights,
@@ -16,6 +16,12 @@ allocated is reused: the call was done with it when it returned.
 A recording is void where a tensor it passed a kernel is another view of a call's tensor (not
 at its address), or two of the call's tensors share an address. After three recordings without
 agreement the op runs as it is for the rest of the step.
+
+The public chunked Mamba-2 scan replays too (mamba2_chunked.run; its `launches` live with the
+pass's recent chunk tables), with fresh scratch (fresh=True): its workspace is allocated anew for
+each replay, as the call allocated it (sizes, dtypes, the offsets of its views), so nothing the
+cache keeps holds device memory; every recording is watched, and the first call of a layout runs
+without recording, so that a layout called once pays nothing.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton.runtime.driver import driver
 
-from .. import _triton
+from . import _triton
 
 try:  # Triton 3.3 and later: a compiled kernel's launcher takes every parameter, constexprs too
     from triton import knobs
@@ -52,6 +58,7 @@ class _Launch:
     slots: tuple[tuple[int, int], ...]
     allocated: frozenset[int]  # positions of tensors the call allocated
     compiled: object | None
+    made: tuple[tuple[int, int, int], ...] = ()  # fresh scratch: (position, scratch index, element offset)
 
 
 @dataclass
@@ -59,6 +66,7 @@ class _Entry:
     recordings: int = 0
     launches: list[_Launch] | None = None  # the latest recording that counts
     agreed: bool = False  # two recordings in a row agree: later calls replay
+    scratch: tuple[tuple[int, torch.dtype], ...] = ()  # fresh scratch: (elements, dtype) a storage
 
 
 _DEFAULTS: dict = {}
@@ -79,22 +87,25 @@ class _Recorder(TorchDispatchMode):
     (watching), the tensors it allocates and whether it ran anything but launches, views and
     allocations."""
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, fresh: bool = False):
         super().__init__()
-        self.tensors = tensors
+        self.tensors, self.fresh = tensors, fresh
+        self.scratch: dict[int, tuple[int, torch.dtype]] = {}  # fresh: storage address -> (index, dtype)
         self.addresses, self.storages = {}, set()
         self.counts = True
         for i, t in enumerate(tensors):
             if t is not None and t.numel():
                 self.counts &= self.addresses.setdefault(t.data_ptr(), i) == i  # two of them at one address
                 self.storages.add(t.untyped_storage().data_ptr())
-        self.launches, self.allocated, self.launching = [], set(), False
+        self.launches, self.launching = [], False
+        self.allocated: dict[int, int] = {}  # storage address -> bytes, of what the call allocated
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.launching:  # an interpreted launch's own copies are not the call's
             if func.overloadpacket in _ALLOCATIONS:
-                self.allocated.add(out.untyped_storage().data_ptr())
+                storage = out.untyped_storage()
+                self.allocated[storage.data_ptr()] = storage.nbytes()
             elif not func.is_view:
                 self.counts = False
         return out
@@ -108,7 +119,7 @@ class _Recorder(TorchDispatchMode):
         names = kernel.arg_names
         defaults = _defaults(kernel)
         values = [*args, *(kwargs[n] if n in kwargs else defaults[n] for n in names[len(args):])]
-        slots, allocated = [], []
+        slots, allocated, made = [], [], []
         for position, v in enumerate(values):
             if not isinstance(v, torch.Tensor):
                 continue
@@ -122,24 +133,49 @@ class _Recorder(TorchDispatchMode):
                 self.counts = False  # another view of a call's tensor: not replaced by address
             elif storage in self.allocated:
                 allocated.append(position)
+                if self.fresh:
+                    made.append((position, self._scratch(v), v.storage_offset()))
+                    values[position] = None  # a replay allocates its own
         options = {k: v for k, v in kwargs.items() if k not in defaults}
         self.launches.append(_Launch(kernel, (*grid, 1, 1)[:3], tuple(values), options, tuple(slots),
-                                     frozenset(allocated), compiled if knobs is not None else None))
+                                     frozenset(allocated), compiled if knobs is not None else None, tuple(made)))
+
+    def _scratch(self, t: torch.Tensor) -> int:
+        """The index of t's storage among the call's scratch (by first use)."""
+        address = t.untyped_storage().data_ptr()
+        index, dtype = self.scratch.setdefault(address, (len(self.scratch), t.dtype))
+        self.counts &= dtype == t.dtype  # a storage a replay allocates in one dtype
+        return index
+
+    def scratch_sizes(self) -> tuple[tuple[int, torch.dtype], ...]:
+        """(elements, dtype) of each scratch storage, in index order."""
+        sizes = {}
+        for address, (index, dtype) in self.scratch.items():
+            sizes[index] = (self.allocated[address] // dtype.itemsize, dtype)
+        return tuple(sizes[i] for i in range(len(sizes)))
 
 
-def _agree(a: list[_Launch], b: list[_Launch]) -> bool:
+def _agree(a: list[_Launch], b: list[_Launch], scratch: tuple = ()) -> bool:
     """Whether two recordings are the same launches up to the calls' own tensors (and tensors
-    the second call allocated, shaped as the first call's)."""
-    return len(a) == len(b) and all(_same_launch(x, y) for x, y in zip(a, b))
+    the second call allocated, shaped as the first call's; or, where the first has fresh scratch
+    of these sizes, a tensor of the second there laid out as that scratch)."""
+    return len(a) == len(b) and all(_same_launch(x, y, scratch) for x, y in zip(a, b))
 
 
-def _same_launch(x: _Launch, y: _Launch) -> bool:
+def _same_launch(x: _Launch, y: _Launch, scratch: tuple) -> bool:
     if (x.kernel is not y.kernel or x.compiled is not y.compiled or x.grid != y.grid or x.options != y.options
             or x.slots != y.slots or len(x.values) != len(y.values)):
         return False
     slotted = {position for position, _ in x.slots}
+    made = {position: (scratch[k], offset) for position, k, offset in x.made}
     for position, (u, v) in enumerate(zip(x.values, y.values)):
         if position in slotted:
+            continue
+        if position in made:  # the first's scratch: the second's own there
+            (elements, dtype), offset = made[position]
+            if not (isinstance(v, torch.Tensor) and v.dtype == dtype and v.storage_offset() == offset
+                    and v.untyped_storage().nbytes() == elements * dtype.itemsize):
+                return False
             continue
         if type(u) is not type(v):
             return False
@@ -159,12 +195,15 @@ def _stream():
     return driver.active.get_current_stream(driver.active.get_current_device())
 
 
-def _replay(launches: list[_Launch], tensors) -> None:
+def _replay(entry: _Entry, tensors) -> None:
     stream = None
-    for launch in launches:
+    scratch = [torch.empty(n, dtype=dtype, device=tensors[0].device) for n, dtype in entry.scratch]
+    for launch in entry.launches:
         values = list(launch.values)
         for position, i in launch.slots:
             values[position] = tensors[i]
+        for position, k, offset in launch.made:
+            values[position] = scratch[k][offset:] if offset else scratch[k]
         compiled = launch.compiled
         if compiled is None:
             launch.kernel[launch.grid](*values, **launch.options)
@@ -176,32 +215,46 @@ def _replay(launches: list[_Launch], tensors) -> None:
                      knobs.runtime.launch_exit_hook, *values)
 
 
-def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None]) -> None:
-    """call(): an engine op's Triton path on `tensors` (its tensor arguments, None where absent),
-    with `op` its name and every other argument; or, where this step (`launches`, the batch's)
-    has recorded it twice alike for tensors laid out as these, its launches with these tensors."""
+def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None], fresh: bool = False) -> None:
+    """call(): an op's Triton path on `tensors` (its tensor arguments, None where absent; the first
+    present), with `op` its name and every other argument; or, where `launches` (an engine step's,
+    or a public pass's: module doc) holds two recordings alike for tensors laid out as these, its
+    launches with these tensors (and, fresh, new scratch)."""
     key = (op, tensors[0].device,
            tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
     entry = launches.get(key)
     if entry is None:
         entry = launches[key] = _Entry()
+        if fresh:  # a layout called once records nothing
+            call()
+            return
     if entry.agreed:
-        _replay(entry.launches, tensors)
+        _replay(entry, tensors)
         return
     if entry.recordings == RECORDINGS or _triton.recording.recorder is not None:
         call()
         return
-    recorder = _Recorder(tensors)
+    # Watched (a dispatch mode): the second recording of an engine step's op, the first of a
+    # fresh one (whose scratch only a watched recording can tell), which the next one is checked
+    # against, unwatched.
+    watched = (entry.launches is None) == fresh
+    recorder = _Recorder(tensors, fresh and watched)
     _triton.recording.recorder = recorder
     try:
-        if entry.launches is None:  # a first recording: what it ran is the second's to check
-            call()
-        else:
+        if watched:
             with recorder:
                 call()
+        else:
+            call()
     finally:
         _triton.recording.recorder = None
     entry.recordings += 1
-    if recorder.counts:
+    if not fresh and recorder.counts:
         entry.agreed = entry.launches is not None and _agree(entry.launches, recorder.launches)
         entry.launches = recorder.launches
+    elif fresh and watched:
+        entry.launches, entry.scratch = (recorder.launches, recorder.scratch_sizes()) if recorder.counts else (None, ())
+    elif fresh:  # kept: the watched recording, which holds no scratch
+        entry.agreed = recorder.counts and _agree(entry.launches, recorder.launches, entry.scratch)
+        if not entry.agreed:
+            entry.launches = None

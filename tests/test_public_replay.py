@@ -1,0 +1,142 @@
+"""A model's layers call the public chunked Mamba-2 scan one after another alike: from a layout's
+fourth call its launches are replayed (mamba2_chunked.run, _replay.py with fresh scratch), and
+each replay gives the bits of a fresh pass, for every argument that decides the launches. The
+capture tables of like calls are one table (make_capture_table)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import mamba2_inputs, mamba2_positional
+from ssm_kernels import _common, mamba2_scan
+from ssm_kernels._common import Sequences, make_capture_table
+from ssm_kernels.scan import mamba2_chunked
+from ssm_kernels.scan.mamba2_chunked import tables as chunk_tables
+from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
+
+SMALL = dict(nheads=4, headdim=16, ngroups=2, dstate=16)
+CALLS = 6  # a plain call, a watched recording, a checked one, then replays
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """How many calls ran the stages' host code (the rest were replayed)."""
+    count, real = [0], mamba2_chunked.run_chunked_triton
+
+    def counted(p, tables):
+        count[0] += 1
+        real(p, tables)
+    monkeypatch.setattr(mamba2_chunked, "run_chunked_triton", counted)
+    return count
+
+
+def _fresh(args, kw):
+    """The pass with nothing taken from an earlier one."""
+    chunk_tables._recent_tables.cache_clear()
+    _common._recent_capture_table.cache_clear()
+    return mamba2_scan(*args, **kw)
+
+
+def _assert_equal(got, want):
+    for name, g, w in zip(("y", "final_states", "captured_states"), got, want):
+        assert torch.equal(g, w), name
+
+
+PASSES = {
+    "dense, captures": dict(batch=2, seqlen=40, kw=dict(capture=[(1, 40), (0, 17), (0, 0)], start_positions=[16, 0])),
+    "varlen, empty and 1-token": dict(batch=1, seqlen=41, nseq=4, kw=dict(capture=[(3, 1), (0, 20)]),
+                                      cu_seqlens=[0, 30, 30, 40, 41]),
+    "bfloat16, per-row D": dict(batch=1, seqlen=35, dtype=torch.bfloat16, D_per_row=True, kw=dict(capture=[(0, 33)])),
+}
+
+
+@pytest.mark.parametrize("name", PASSES)
+def test_later_calls_replay_and_give_a_fresh_passs_bits(name, runs, device):
+    spec = dict(PASSES[name])
+    kw, cu = spec.pop("kw"), spec.pop("cu_seqlens", None)
+    batch, seqlen = spec.pop("batch"), spec.pop("seqlen")
+    calls = []
+    for _ in range(CALLS):  # a layer's own tensors each call, laid out alike
+        args, inputs = mamba2_positional(mamba2_inputs(batch, seqlen, **SMALL, device=device, **spec))
+        inputs.update(kw, dt_softplus=True, backend="triton", algorithm="chunked", chunk_size=16)
+        if cu is not None:
+            inputs["cu_seqlens"] = torch.tensor(cu, device=device)
+        calls.append((args, inputs, mamba2_scan(*args, **inputs)))
+    assert runs[0] == 3
+    for args, inputs, got in calls:
+        _assert_equal(got, _fresh(args, inputs))
+
+
+CHANGES = {
+    "captures in another order": dict(capture=[(0, 5), (0, 30)]),
+    "dt_limit": dict(dt_limit=(0.01, 0.5)),
+    "dt_softplus": dict(dt_softplus=False),
+    "start positions": dict(start_positions=[5]),
+    "chunk size": dict(chunk_size=32),
+    "no D": dict(D=None),
+    "strided x": dict(x="strided"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_call_that_differs_from_the_replayed_one_runs_as_itself(change, runs, device):
+    """After a layout replays, a call that differs in anything that decides the launches (the
+    captures' order, scalars, the grid, an optional input, strides) runs its own launches."""
+    def call(**changes):
+        args, inputs = mamba2_positional(mamba2_inputs(1, 45, **SMALL, device=device))
+        inputs.update(dict(capture=[(0, 30), (0, 5)], dt_softplus=True, backend="triton", algorithm="chunked",
+                           chunk_size=16), **changes)
+        if inputs.pop("x", None) == "strided":  # every other row of a wider tensor's last axis
+            args = (torch.cat([args[0], args[0]], dim=-1)[..., ::2], *args[1:])
+        return args, inputs, mamba2_scan(*args, **inputs)
+    for _ in range(4):
+        call()
+    assert runs[0] == 3
+    args, inputs, got = call(**CHANGES[change])
+    assert runs[0] == 4
+    _assert_equal(got, _fresh(args, inputs))
+
+
+def test_the_fused_pass_is_not_replayed_for_the_five_stages(runs, device):
+    args, inputs = mamba2_positional(mamba2_inputs(1, 40, **SMALL, device=device))
+    inputs.update(dt_softplus=True, backend="triton", algorithm="chunked", chunk_size=16)
+    for _ in range(4):
+        mamba2_scan(*args, **inputs)
+    with fused_pass():
+        got = mamba2_scan(*args, **inputs)
+        assert runs[0] == 4
+        _assert_equal(got, _fresh(args, inputs))
+
+
+def test_a_capture_table_like_a_recent_one_is_that_one(monkeypatch):
+    """The same captures in the same order over as many sequences: one table. Another order is
+    another table (its rows say where each capture goes); under CUDA graph capture, always a new one."""
+    seqs = Sequences(None, [30, 5], True)
+    cpu = torch.device("cpu")
+    first = make_capture_table([(0, 20), (1, 5)], seqs, cpu)
+    assert make_capture_table(torch.tensor([[0, 20], [1, 5]]), seqs, cpu) is first
+    other = make_capture_table([(1, 5), (0, 20)], seqs, cpu)
+    assert other is not first and other.row.tolist() == [1, 0] and first.row.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="past its length"):
+        make_capture_table([(1, 6)], seqs, cpu)  # checked every call
+    real = _common.int_tables
+    monkeypatch.setattr(_common, "int_tables", lambda device, *lists: real(cpu, *lists))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=1))
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda = torch.device("cuda", 0)
+    assert make_capture_table([(0, 20)], seqs, cuda) is make_capture_table([(0, 20)], seqs, cuda)
+    capturing[0] = True
+    assert make_capture_table([(0, 20)], seqs, cuda) is not make_capture_table([(0, 20)], seqs, cuda)
+
+
+def test_no_replay_while_a_graph_is_captured(monkeypatch, runs):
+    """Under CUDA graph capture every call plans its own pass and records nothing: the graph keeps
+    what it launched."""
+    monkeypatch.setattr(_common, "cache_stream", lambda device: (False, None))
+    monkeypatch.setattr(chunk_tables, "cache_stream", lambda device: (False, None))
+    args, inputs = mamba2_positional(mamba2_inputs(1, 40, **SMALL))
+    inputs.update(dt_softplus=True, backend="triton", algorithm="chunked", chunk_size=16)
+    for _ in range(5):
+        mamba2_scan(*args, **inputs)
+    assert runs[0] == 5
