@@ -15,7 +15,7 @@
 #      host time per call; the chunked Mamba-2 pass also on its fused pass, where its layer-size
 #      test passed in step 2), 8 captures spread and 8 at chunk starts, the grid split, the crossover,
 #      decode at batch 1..256; a soft budget, and a hard timeout (SIGTERM: it writes what it measured);
-#   5. python -m bench.sweep (SWEEP_S, default 75): the chunked Mamba-2 pass's kernels under other
+#   5. python -m bench.sweep (SWEEP_S, default 60): the chunked Mamba-2 pass's kernels under other
 #      launch configurations (warps, stages, tiles), each against the default, at the three shapes;
 #   6. python -m bench.serve in the time left (SERVE_S, default 45), then the short tables, last.
 # Everything goes to $OUT (default bench/results/<UTC date>-gpu; a dry run: -gpu-reduced or
@@ -48,7 +48,7 @@ PY=${PYTHON:-python3}
 BUDGET=${SUITE_BUDGET_S:-400}
 SHARDS=${SHARDS:-8}
 TESTS_S=${TESTS_S:-200}
-SWEEP_S=${SWEEP_S:-75}
+SWEEP_S=${SWEEP_S:-60}
 SERVE_S=${SERVE_S:-45}
 PEERS=${PEERS:-.peers}
 # Shards balanced by each file's compile seconds, measured without a GPU (bench/README.md).
