@@ -20,8 +20,10 @@ agreement the op runs as it is for the rest of the step.
 The public chunked Mamba-2 scan replays too (mamba2_chunked.run; its `launches` live with the
 pass's recent chunk tables), with fresh scratch (fresh=True): its workspace is allocated anew for
 each replay, as the call allocated it (sizes, dtypes, the offsets of its views), so nothing the
-cache keeps holds device memory; every recording is watched, and the first call of a layout runs
-without recording, so that a layout called once pays nothing.
+cache keeps holds device memory. There the first call of a layout runs without recording (a layout
+called once pays nothing), the second is watched (only a watched call tells which tensors it
+allocated) and the third, unwatched, is checked against it: where the watched call had scratch,
+a tensor laid out as that scratch (dtype, storage size, offset).
 """
 from __future__ import annotations
 
