@@ -167,6 +167,45 @@ def public_calls(s) -> dict:
     return {"mamba2_scan recurrent": mamba2("recurrent"), "mamba2_scan chunked": mamba2("chunked")}
 
 
+def scan_at_2p7b(algorithm: str):
+    """The public scan as bench.scan calls it at Mamba-2 2.7B (80 heads x 64, dstate 128, one
+    group), 8192 tokens, batch 1, bfloat16, as a layer call (for the host-time comparisons under
+    bench/results)."""
+    f = dict(dtype=torch.bfloat16)
+    x, dt = torch.randn(1, 8192, 80, 64, **f), torch.randn(1, 8192, 80, **f)
+    B, C = torch.randn(1, 8192, 1, 128, **f), torch.randn(1, 8192, 1, 128, **f)
+    A, D = -torch.rand(80), torch.ones(80)
+    return lambda validate: mamba2_scan(x, dt, A, B, C, D=D, dt_softplus=True, backend="triton", algorithm=algorithm)
+
+
+def public_cases() -> dict:
+    """The public scan's layer calls the host-time comparisons under bench/results time: this
+    bench's and bench.scan's at 2.7B, chunked and recurrent (the control)."""
+    layer = calls(_step(torch.device("cpu")))
+    return {"bench.host's mamba2_scan chunked": layer["mamba2_scan chunked"],
+            "bench.host's mamba2_scan recurrent": layer["mamba2_scan recurrent"],
+            "2.7B, 8192 tokens, chunked": scan_at_2p7b("chunked"),
+            "2.7B, 8192 tokens, recurrent": scan_at_2p7b("recurrent")}
+
+
+def timed_blocks(cases: dict, modes: dict, blocks: int, calls: int, warmup: int) -> None:
+    """Per case (name: a layer call), `warmup` calls, then `blocks` rounds of `calls` calls in each
+    mode (name: a context manager factory) in turn, with launches stubbed; prints each mode's median
+    us and their ratio, the first mode over the second."""
+    with launches_stubbed():
+        for name, call in cases.items():
+            for _ in range(warmup):
+                call(False)
+            times = {mode: [] for mode in modes}
+            for _ in range(blocks):
+                for mode, within in modes.items():
+                    with within():
+                        times[mode] += [_timed(lambda: call(False))[0] for _ in range(calls)]
+            (a, ta), (b, tb) = ((mode, statistics.median(t)) for mode, t in times.items())
+            print(f"{name}: {a} {ta:.0f} us, {b} {tb:.0f} us, {a} / {b} {ta / tb:.2f} "
+                  f"(medians of {blocks * calls} calls each)")
+
+
 _BACKEND = make_backend(TARGET)
 _binders: dict = {}
 _first_launch: list[float] = []  # when the call being timed launched first

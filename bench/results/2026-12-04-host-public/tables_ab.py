@@ -22,23 +22,9 @@ def timed(call, forget: bool) -> float:
     return (time.perf_counter() - began) * 1e6
 
 
-def scan_row(algorithm: str):
-    """bench.scan's call at Mamba-2 2.7B (80 heads x 64, dstate 128, one group), 8192 tokens."""
-    torch = host.torch
-    f = dict(dtype=torch.bfloat16)
-    x, dt = torch.randn(1, 8192, 80, 64, **f), torch.randn(1, 8192, 80, **f)
-    B, C = torch.randn(1, 8192, 1, 128, **f), torch.randn(1, 8192, 1, 128, **f)
-    A, D = -torch.rand(80), torch.ones(80)
-    return lambda validate: host.mamba2_scan(x, dt, A, B, C, D=D, dt_softplus=True, backend="triton",
-                                             algorithm=algorithm)
-
-
 def main():
     host.torch.set_num_threads(1)
-    layer = host.calls(host._step(host.torch.device("cpu")))
-    cases = {"bench.host's mamba2_scan chunked": layer["mamba2_scan chunked"],
-             "bench.host's mamba2_scan recurrent": layer["mamba2_scan recurrent"],
-             "2.7B, 8192 tokens, chunked": scan_row("chunked"), "2.7B, 8192 tokens, recurrent": scan_row("recurrent")}
+    cases = host.public_cases()
     with host.launches_stubbed():
         for name, call in cases.items():
             times = {"cached": [], "planned": []}
