@@ -476,8 +476,10 @@ class ScanBench:
         # the grid split), so that a budget cut costs the secondary figures; the longest last.
         shortest, *longer = self.cfg.seqlens
         middle, longest = longer[:-1], longer[-1:]
-        if not self.varlen:  # batch 1 only: every pass length first, shortest first
-            middle, longest, shortest, longer = list(self.cfg.seqlens), [], None, []
+        if not self.varlen:  # batch 1 only: the shorter lengths, captures and the grid split, the longest
+            seqlens = list(self.cfg.seqlens)
+            middle, longest = (seqlens[:-1], seqlens[-1:]) if len(seqlens) > 1 else (seqlens, [])
+            shortest, longer = None, []
         sections = [("copy_bandwidth", "copy_bandwidth", self.copy_bandwidth),
                     ("scan", f"scan {middle}, batch 1", lambda: self.scan_lengths(middle, (False,))),
                     ("captures", "captures", self.captures), ("grid_split", "grid_split", self.grid_split),
