@@ -49,6 +49,8 @@ CONFIGS: dict[str, dict] = {
     "output: 8 warps": {"output": {"num_warps": 8, "maxnreg": None}},
     "output and C B^T: 128-row tiles, 8 warps": {"BLOCK_M": 128, "output": {"num_warps": 8, "maxnreg": None},
                                                  "cb": {"num_warps": 8}},
+    "output and C B^T: dstate in blocks of 64": {"BLOCK_D": 64},
+    "output and C B^T: dstate in blocks of 64, output 3 stages": {"BLOCK_D": 64, "output": {"num_stages": 3}},
     "chunk state and walk: 2 stages": {"num_stages": 2},
     "chunk state and walk: 8 warps": {"num_warps": 8},
     "chunk state: 128 source tokens a step": {"BLOCK_K": 128},
