@@ -99,7 +99,7 @@ def test_a_call_that_differs_from_the_replayed_one_runs_as_itself(change, runs, 
 
 def test_the_fused_pass_is_not_replayed_for_the_five_stages_nor_at_all(runs, device):
     """A replay of the five stages is not taken for the fused pass; and the fused pass is never
-    replayed: its workspace's counters and flags are zeroed each call (a torch kernel)."""
+    replayed: a call allocates its workspace's counters and flags zeroed (a torch kernel)."""
     args, inputs = mamba2_positional(mamba2_inputs(1, 40, **SMALL, device=device))
     inputs.update(dt_softplus=True, backend="triton", algorithm="chunked", chunk_size=16)
     for _ in range(4):
