@@ -133,12 +133,12 @@ def test_a_capture_table_like_a_recent_one_is_that_one(monkeypatch):
     assert make_capture_table([(0, 20)], seqs, cuda) is not make_capture_table([(0, 20)], seqs, cuda)
 
 
-def test_no_replay_while_a_graph_is_captured(monkeypatch, runs):
+def test_no_replay_while_a_graph_is_captured(monkeypatch, runs, device):
     """Under CUDA graph capture every call plans its own pass and records nothing: the graph keeps
     what it launched."""
     monkeypatch.setattr(_common, "cache_stream", lambda device: (False, None))
     monkeypatch.setattr(chunk_tables, "cache_stream", lambda device: (False, None))
-    args, inputs = mamba2_positional(mamba2_inputs(1, 40, **SMALL))
+    args, inputs = mamba2_positional(mamba2_inputs(1, 40, **SMALL, device=device))
     inputs.update(dt_softplus=True, backend="triton", algorithm="chunked", chunk_size=16)
     for _ in range(5):
         mamba2_scan(*args, **inputs)
