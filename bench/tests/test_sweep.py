@@ -7,6 +7,8 @@ from bench import sweep
 from bench import workloads as wl
 from bench.common import Budget
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton's tensors
+
 
 def test_a_configuration_merges_into_launch_config():
     base = {"BLOCK_M": 64, "output": {"num_warps": 4, "num_stages": 2, "maxnreg": 168}}
@@ -31,7 +33,7 @@ def test_a_configuration_reaches_the_pass():
         return ws
     with sweep.configured({"PASS_BLOCK": 1024}), pytest.MonkeyPatch.context() as m:
         m.setattr(triton_kernel, "new_workspace", spy)
-        sweep._scan(wl.mamba2_inputs(wl.REDUCED_SHAPES[0], 40, torch.device("cpu")))
+        sweep._scan(wl.mamba2_inputs(wl.REDUCED_SHAPES[0], 40, DEVICE))
     assert [cfg["PASS_BLOCK"] for cfg in seen] == [1024]
 
 
@@ -49,7 +51,7 @@ def test_the_gpu_measurement_compares_each_configuration_with_the_default():
         call()
         return {"_chunk_output_kernel": 2.0, "_chunk_cb_kernel": 1.0}
     rows = []
-    sweep.measure_gpu(configs, wl.REDUCED_SHAPES[:1], 300, Budget(None), rows, device=torch.device("cpu"), times=times)
+    sweep.measure_gpu(configs, wl.REDUCED_SHAPES[:1], 300, Budget(None), rows, device=DEVICE, times=times)
     by = {r["config"]: r for r in rows}
     assert list(by) == list(configs)
     assert by["default"]["kernel_ms"] == 3.0 and by["default"]["vs_default"] == 1.0 and by["default"]["bitwise"]
@@ -57,7 +59,7 @@ def test_the_gpu_measurement_compares_each_configuration_with_the_default():
     assert "KeyError" in by["refused"]["error"] and "kernel_ms" not in by["refused"]
     assert by["output and C B^T: 128-row tiles"]["rel_err_y"] < 1e-2
     rows = []
-    sweep.measure_gpu(configs, wl.REDUCED_SHAPES[:1], 300, Budget(0), rows, device=torch.device("cpu"))
+    sweep.measure_gpu(configs, wl.REDUCED_SHAPES[:1], 300, Budget(0), rows, device=DEVICE)
     assert rows == []  # nothing starts once the budget is spent
 
 
