@@ -57,6 +57,7 @@ from ssm_kernels import _replay as replay  # noqa: E402
 
 from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results  # noqa: E402
 from .static_workloads import triton_path_on_cpu  # noqa: E402
+from .workloads import STANDARD_SHAPES, mamba2_inputs  # noqa: E402
 
 # A small Mamba-2 / Mamba-1 layer: the host work does not depend on the sizes.
 NHEADS, HEADDIM, NGROUPS, DSTATE, WIDTH = 8, 16, 1, 16, 4
@@ -171,11 +172,9 @@ def scan_at_2p7b(algorithm: str):
     """The public scan as bench.scan calls it at Mamba-2 2.7B (80 heads x 64, dstate 128, one
     group), 8192 tokens, batch 1, bfloat16, as a layer call (for the host-time comparisons under
     bench/results)."""
-    f = dict(dtype=torch.bfloat16)
-    x, dt = torch.randn(1, 8192, 80, 64, **f), torch.randn(1, 8192, 80, **f)
-    B, C = torch.randn(1, 8192, 1, 128, **f), torch.randn(1, 8192, 1, 128, **f)
-    A, D = -torch.rand(80), torch.ones(80)
-    return lambda validate: mamba2_scan(x, dt, A, B, C, D=D, dt_softplus=True, backend="triton", algorithm=algorithm)
+    inp = mamba2_inputs(STANDARD_SHAPES[0], 8192, torch.device("cpu"))
+    return lambda validate: mamba2_scan(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"], dt_softplus=True,
+                                        backend="triton", algorithm=algorithm)
 
 
 def public_cases() -> dict:

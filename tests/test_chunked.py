@@ -168,7 +168,7 @@ PASS = dict(lengths=(37, 0, 5), varlen=True, captures=((0, 20), (2, 5)), chunk=C
 
 
 def _tables(make, device=torch.device("cpu"), **changes):
-    """make (make_chunk_tables or recent_chunk_tables) for PASS with `changes`."""
+    """make (make_chunk_tables, or a recent pass's tables) for PASS with `changes`."""
     p = {**PASS, **changes}
     seqs = Sequences(None, list(p["lengths"]), p["varlen"])
     return make(seqs, make_capture_table(list(p["captures"]), seqs, torch.device("cpu")), p["chunk"],
@@ -176,7 +176,7 @@ def _tables(make, device=torch.device("cpu"), **changes):
 
 
 def _recent(**changes):
-    return _tables(chunk_tables.recent_chunk_tables, **changes)
+    return _tables(lambda *args: chunk_tables.recent_pass(*args).tables, **changes)
 
 
 def _same_tables(a, b) -> bool:

@@ -176,12 +176,6 @@ def recent_pass(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_
                           tuple((s, k) for s, k, _ in captures.entries), device, stream)
 
 
-def recent_chunk_tables(seqs: Sequences, captures: CaptureTable, chunk_size: int, start_positions: list[int],
-                        device: torch.device) -> ChunkTables:
-    """recent_pass's tables."""
-    return recent_pass(seqs, captures, chunk_size, start_positions, device).tables
-
-
 @functools.lru_cache(maxsize=RECENT_TABLES)
 def _recent_tables(chunk_size: int, varlen: bool, lengths: tuple, start_positions: tuple, captures: tuple,
                    device: torch.device, stream: int | None) -> RecentPass:
