@@ -6,6 +6,7 @@ anything, so rejected input leaves outputs, states and caches untouched.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import numbers
 import operator
@@ -307,6 +308,11 @@ class Sequences:
     def count(self) -> int:
         return len(self.lengths)
 
+    def host_bounds(self) -> list[int] | None:
+        """cu_seqlens's values on the host (varlen), or None (dense): what a call on the same
+        sequences takes to read nothing back (make_sequences)."""
+        return list(itertools.accumulate(self.lengths, initial=0)) if self.varlen else None
+
     def spans(self):
         """(batch row, first token, length) of each sequence."""
         start = 0
@@ -327,19 +333,39 @@ def lengths_from_bounds(bounds: list[int]) -> list[int]:
     return lengths
 
 
+def host_ints(name: str, values, count: int | None = None) -> list[int]:
+    """A host list (or tuple) of ints (`count` of them, where given), checked: no tensor, no bool."""
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__}")
+    if count is not None and len(values) != count:
+        raise ValueError(f"{name} must hold {count} ints, got {len(values)}")
+    return [check_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
 def make_sequences(batch: int, seqlen: int, cu_seqlens, device: torch.device) -> Sequences:
+    """The checked sequences of a pass: batch rows of seqlen tokens (cu_seqlens None), or
+    packed along the time axis of batch row 0. cu_seqlens is an int32/int64 tensor on `device`,
+    whose values are read back (on a GPU the host waits for the device's queue: a sync), or host
+    ints (a list or tuple), which read nothing back: their device copy is the one made for the
+    same bounds by one of the last RECENT_TABLES calls, or goes without blocking."""
     if cu_seqlens is None:
         return Sequences(None, [seqlen] * batch, varlen=False)
-    check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
-    if cu_seqlens.device != device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}")
+    on_host = isinstance(cu_seqlens, (list, tuple))
+    if not on_host:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be an int tensor or a list of ints, got {type(cu_seqlens).__name__}")
+        check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)], INDEX_DTYPES)
+        if cu_seqlens.device != device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {device}; "
+                             "pass it on their device, or as a list of ints")
     if batch != 1:
         raise ValueError(f"a varlen batch (cu_seqlens given) must have batch size 1, got {batch}")
-    bounds = cu_seqlens.tolist()
+    bounds = host_ints("cu_seqlens", cu_seqlens) if on_host else cu_seqlens.tolist()
     lengths = lengths_from_bounds(bounds)
     if bounds[-1] != seqlen:
         raise ValueError(f"cu_seqlens must end at seqlen = {seqlen}, got {bounds[-1]}")
-    return Sequences(cu_seqlens.to(torch.int64), lengths, varlen=True)
+    return Sequences(recent_ints(tuple(bounds), device) if on_host else cu_seqlens.to(torch.int64), lengths,
+                     varlen=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,13 +465,28 @@ def cache_stream(device: torch.device) -> tuple[bool, int | None]:
     return True, torch.cuda.current_stream(device).cuda_stream
 
 
-RECENT_CAPTURE_TABLES = 16
+RECENT_TABLES = 16
+
+
+def recent_ints(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Host ints as an int64 tensor on `device` that nothing writes: the one made for the same
+    values by one of the last RECENT_TABLES calls (a model's layers pass the same cu_seqlens), or
+    a new copy (int_tables: it does not block)."""
+    keep, stream = cache_stream(device)
+    if not keep:
+        return int_tables(device, values)[0]
+    return _recent_ints(values, device, stream)
+
+
+@functools.lru_cache(maxsize=RECENT_TABLES)
+def _recent_ints(values: tuple[int, ...], device: torch.device, stream: int | None) -> torch.Tensor:
+    return int_tables(device, values)[0]
 
 
 def make_capture_table(capture, seqs: Sequences, device: torch.device) -> CaptureTable:
     """The checked captures of a pass as a table; the same table (nothing writes it) for the same
     captures, in the same order, of a pass of as many sequences as one of the last
-    RECENT_CAPTURE_TABLES (a model's layers capture alike: one copy, and their launches agree for
+    RECENT_TABLES (a model's layers capture alike: one copy, and their launches agree for
     a replay, _replay.py)."""
     pairs = _capture_pairs(capture)
     for i, (s, k) in enumerate(pairs):
@@ -465,7 +506,7 @@ def _capture_table_of(pairs: tuple, nseq: int, device: torch.device) -> CaptureT
     return capture_table([(s, k, row) for row, (s, k) in enumerate(pairs)], nseq, device)
 
 
-@functools.lru_cache(maxsize=RECENT_CAPTURE_TABLES)
+@functools.lru_cache(maxsize=RECENT_TABLES)
 def _recent_capture_table(pairs: tuple, nseq: int, device: torch.device, stream: int | None) -> CaptureTable:
     return _capture_table_of(pairs, nseq, device)
 

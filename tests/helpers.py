@@ -1,5 +1,9 @@
-"""The one comparison helper (relative error against float64) and shared input makers."""
+"""The one comparison helper (relative error against float64), shared input makers, and a count
+of an index tensor's reads to the host."""
 from __future__ import annotations
+
+import contextlib
+from unittest import mock
 
 import torch
 
@@ -69,3 +73,21 @@ def mamba2_positional(kw):
 def mamba1_positional(kw):
     kw = dict(kw)
     return tuple(kw.pop(k) for k in ("u", "delta", "A", "B", "C")), kw
+
+
+@contextlib.contextmanager
+def reads_back(t: torch.Tensor):
+    """Inside, counts (the list yielded, one entry a read) the times t's values are read to the
+    host by tolist, the one way the library reads an index tensor back: a sync on a GPU."""
+    reads, inside, real = [], [], torch.Tensor.tolist
+
+    def tolist(self):
+        if self is t and not inside:  # a torch function mode (a default device) calls it again
+            reads.append(1)
+        inside.append(self)
+        try:
+            return real(self)
+        finally:
+            inside.pop()
+    with mock.patch.object(torch.Tensor, "tolist", tolist):
+        yield reads

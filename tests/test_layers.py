@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_rel_close
+from helpers import assert_rel_close, reads_back
 from ssm_kernels.layers import GatedRMSNorm, LayerState, Mamba1Mixer, Mamba2Mixer, exact_linear, exact_rowwise
 from ssm_kernels.layers.rows import tile_rows
 
@@ -180,6 +180,19 @@ def test_varlen_neighbours_and_dense_batch_change_nothing(layer):
     assert packed.state.positions == (5, 0, SEQLEN, 1)
     dense = layer(torch.cat([torch.randn_like(hidden), hidden]))
     assert torch.equal(dense.out[1], alone.out[0])
+
+
+@torch.no_grad()
+def test_varlen_layer_reads_cu_seqlens_once(layer):
+    """A packed pass reads a cu_seqlens tensor back once (a sync on a GPU), not once per kernel
+    call: its conv and scan take the bounds from the host; host ints are read nowhere."""
+    hidden = torch.randn(1, 12, HIDDEN)
+    cu = torch.tensor([0, 5, 5, 12])
+    with reads_back(cu) as reads:
+        packed = layer(hidden, cu_seqlens=cu, capture=[(2, 3)])
+    assert len(reads) == 1
+    hosted = layer(hidden, cu_seqlens=[0, 5, 5, 12], capture=[(2, 3)])
+    assert torch.equal(hosted.out, packed.out) and torch.equal(hosted.state.ssm, packed.state.ssm)
 
 
 @torch.no_grad()

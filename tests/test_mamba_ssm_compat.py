@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
+from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs, reads_back
 from ssm_kernels.adapters.mamba_ssm_compat import (mamba_chunk_scan_combined, selective_scan_fn,
                                                    selective_state_update)
 from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref, selective_state_update_ref
@@ -117,10 +117,12 @@ def test_chunk_scan_packed_sequences(device):
     cu = torch.tensor([0, 4, 4, 10, 13, 13], device=device)
     seq_idx = torch.repeat_interleave(torch.arange(5), torch.tensor(lengths)).unsqueeze(0).to(device, torch.int32)
     kw = to(device, mamba2_inputs(1, 13, nseq=1))
-    out, final, varlen = mamba_chunk_scan_combined(
-        kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 4, D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
-        initial_states=kw["initial_states"], seq_idx=seq_idx, cu_seqlens=cu, dt_softplus=True,
-        return_final_states=True, return_varlen_states=True)
+    with reads_back(cu) as reads:
+        out, final, varlen = mamba_chunk_scan_combined(
+            kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 4, D=kw["D"], z=kw["z"], dt_bias=kw["dt_bias"],
+            initial_states=kw["initial_states"], seq_idx=seq_idx, cu_seqlens=cu, dt_softplus=True,
+            return_final_states=True, return_varlen_states=True)
+    assert len(reads) == 1  # checked against seq_idx from its host copy, and the scan given that copy
     init = torch.cat([kw["initial_states"], torch.zeros(4, *kw["initial_states"].shape[1:], device=device)])
     ref = mamba2_scan_ref(**{**kw, "initial_states": init}, dt_softplus=True, cu_seqlens=cu)
     assert_rel_close(out, ref.y, TOL, "out")

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from helpers import mamba1_inputs, mamba1_positional, mamba2_inputs, mamba2_positional
+from helpers import mamba1_inputs, mamba1_positional, mamba2_inputs, mamba2_positional, reads_back
 from ssm_kernels import mamba1_scan, mamba2_scan, selective_state_update
-from ssm_kernels._common import resolve_backend
+from ssm_kernels._common import make_sequences, resolve_backend
 
 
 def m2(**changes):
@@ -122,6 +122,48 @@ def test_empty_capture_tensor_means_no_captures():
 def test_bad_cu_seqlens(cu, message):
     with pytest.raises(ValueError, match=message):
         varlen_call(cu)
+
+
+@pytest.mark.parametrize("cu, error, message", [
+    ([0, 4.0, 10], TypeError, r"cu_seqlens\[1\] must be an int, got float"),
+    ([0, True, 10], TypeError, r"cu_seqlens\[1\] must be an int, got True"),
+    ((0, 6, 4, 10), ValueError, r"cu_seqlens must be non-decreasing"),
+    ([0, 4], ValueError, "cu_seqlens must end at seqlen = 10, got 4"),
+    (7, TypeError, "cu_seqlens must be an int tensor or a list of ints, got int"),
+    (torch.tensor([[0, 10]]), ValueError, "cu_seqlens must have 1 dimensions"),
+])
+def test_bad_host_cu_seqlens(cu, error, message):
+    args, kw = mamba2_positional(mamba2_inputs(1, 10, nseq=2))
+    with pytest.raises(error, match=message):
+        mamba2_scan(*args, **kw, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("backend, algorithm", [("torch", "recurrent"), ("torch", "chunked"),
+                                                ("triton", "recurrent"), ("triton", "chunked")])
+def test_host_cu_seqlens_give_the_tensors_results(backend, algorithm, device):
+    """cu_seqlens as a list or tuple of ints: the same results bit for bit as the tensor (which
+    is read back once)."""
+    bounds = [0, 17, 17, 40]
+    args, kw = mamba2_positional(mamba2_inputs(1, 40, nseq=3, device=device))
+    opts = dict(capture=[(0, 1), (2, 20)], backend=backend, algorithm=algorithm, chunk_size=16)
+    cu = torch.tensor(bounds, device=device)
+    with reads_back(cu) as reads:
+        want = mamba2_scan(*args, **kw, cu_seqlens=cu, **opts)
+    assert len(reads) == 1
+    for given in (bounds, tuple(bounds)):
+        got = mamba2_scan(*args, **kw, cu_seqlens=given, **opts)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    m1_args, m1_kw = mamba1_positional(mamba1_inputs(1, 40, nseq=3, device=device))
+    m1 = [mamba1_scan(*m1_args, **m1_kw, cu_seqlens=c, **opts) for c in (cu, bounds)]
+    assert all(torch.equal(g, w) for g, w in zip(*m1))
+
+
+def test_host_cu_seqlens_share_one_device_copy():
+    a, b = (make_sequences(1, 10, [0, 4, 10], torch.device("cpu")) for _ in range(2))
+    assert a.cu_seqlens is b.cu_seqlens and a.cu_seqlens.dtype == torch.int64
+    assert a.cu_seqlens.tolist() == [0, 4, 10] and a.host_bounds() == [0, 4, 10] and a.lengths == [4, 6]
+    assert make_sequences(1, 10, [0, 5, 10], torch.device("cpu")).cu_seqlens.tolist() == [0, 5, 10]
+    assert make_sequences(2, 10, None, torch.device("cpu")).host_bounds() is None
 
 
 def test_cu_seqlens_dtype():

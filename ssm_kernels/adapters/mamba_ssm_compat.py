@@ -131,9 +131,9 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 # ---------------------------------------------------------------------------------------------
 # mamba_chunk_scan_combined (mamba_ssm.ops.triton.ssd_combined)
 # ---------------------------------------------------------------------------------------------
-def _check_seq_idx(seq_idx, cu_seqlens, seqlen):
-    """With cu_seqlens, seq_idx must say what it says: token t of sequence s has seq_idx[0, t] == s."""
-    bounds = cu_seqlens.tolist()
+def _check_seq_idx(seq_idx, bounds: list[int]):
+    """With cu_seqlens (its values `bounds`), seq_idx must say what it says: token t of sequence s
+    has seq_idx[0, t] == s."""
     want = torch.repeat_interleave(torch.arange(len(bounds) - 1, device="cpu"), torch.tensor(
         [max(b - a, 0) for a, b in zip(bounds, bounds[1:])], dtype=torch.int64, device="cpu"))
     got = seq_idx[0].to("cpu", torch.int64)
@@ -158,9 +158,10 @@ def _packed_sequences(seq_idx, cu_seqlens, batch, seqlen, device):
         if batch != 1:
             raise ValueError(f"seq_idx with cu_seqlens needs a packed batch of size 1, got batch {batch}")
         seqs = make_sequences(batch, seqlen, cu_seqlens, device)  # validates cu_seqlens
-        _check_seq_idx(seq_idx, cu_seqlens, seqlen)
+        bounds = seqs.host_bounds()
+        _check_seq_idx(seq_idx, bounds)
         last = max((s for s, n in enumerate(seqs.lengths) if n > 0), default=0)
-        return seqs.cu_seqlens.tolist(), [0], [last], [True]
+        return bounds, [0], [last], [True]
     labels = seq_idx.to("cpu", torch.int64)
     steps = labels[:, 1:] - labels[:, :-1]
     if bool((steps < 0).any()):
@@ -263,7 +264,7 @@ def _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens, common)
         init[first] = initial_states
     pack = lambda t: None if t is None else t.reshape(1, batch * seqlen, *t.shape[2:])
     result = mamba2_scan(pack(x), pack(dt), A, pack(B), pack(C), z=pack(z), initial_states=init,
-                         cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=x.device), **common)
+                         cu_seqlens=bounds, **common)
     return result.y.view(x.shape), result.final_states[last], result.final_states
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_lists, capture_table, check_bool,
-                       check_decode_slots, check_int, check_optional_int, check_tensor, int_tables,
-                       lengths_from_bounds)
+                       check_decode_slots, check_optional_int, check_tensor, host_ints,
+                       int_tables, lengths_from_bounds)
 from ..scan import mamba2_chunked
 from ..scan.algorithm import check_start_positions
 from ..scan.mamba2_chunked.tables import make_chunk_tables, plan_chunks
@@ -211,15 +211,15 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     given = [t is not None for t in (capture_seq, capture_offset, capture_slot)]
     if any(given) and not all(given):
         raise ValueError("capture_seq, capture_offset and capture_slot go together: give all three or none")
-    host_bounds = None if host_cu_seqlens is None else _host_ints("host_cu_seqlens", host_cu_seqlens, nseq + 1)
+    host_bounds = None if host_cu_seqlens is None else host_ints("host_cu_seqlens", host_cu_seqlens, nseq + 1)
     ncap, host_captures = 0, False
     if all(given):
         host_captures = not isinstance(capture_seq, torch.Tensor) and not isinstance(capture_offset, torch.Tensor)
         if host_captures:
             check_tensor("capture_slot", capture_slot, [("ncapture", None)], INDEX_DTYPES)
             ncap = capture_slot.shape[0]
-            capture_seq = _host_ints("capture_seq", capture_seq, ncap)
-            capture_offset = _host_ints("capture_offset", capture_offset, ncap)
+            capture_seq = host_ints("capture_seq", capture_seq, ncap)
+            capture_offset = host_ints("capture_offset", capture_offset, ncap)
             tensors = (("capture_slot", capture_slot),)
         else:
             _index("capture_seq", capture_seq, None)
@@ -276,15 +276,6 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         host = HostStep(positions, slots, has_initial_host,
                         [(s, k, slot) for s, k, slot in written if slots[s] != skip_slot])
     return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, bounds[-1])
-
-
-def _host_ints(name: str, values, count: int) -> list[int]:
-    """A host list (or tuple) of `count` ints."""
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__}")
-    if len(values) != count:
-        raise ValueError(f"{name} must hold {count} ints, got {len(values)}")
-    return [check_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
 def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, capture_offset, capture_slot,

@@ -66,8 +66,9 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
         activation: None, "silu" (or "swish").
         initial_states: (nseq, dim, width - 1) in x's dtype, optional (zeros): the inputs
             preceding the pass.
-        cu_seqlens: (nseq + 1,) int32/int64, optional: a varlen batch packed along seqlen
-            (batch must be 1; empty sequences allowed). nseq is batch without it.
+        cu_seqlens: (nseq + 1,) int32/int64 tensor, or a list of ints, optional: a varlen batch
+            packed along seqlen (batch must be 1; empty sequences allowed). nseq is batch without
+            it. A tensor's values are read back (on a GPU, a sync); a list reads nothing back.
         capture: (ncapture, 2) int tensor or (sequence index, offset) pairs with
             0 <= offset <= that sequence's length; any order, duplicates allowed. Offsets below
             width - 1 include inputs from initial_states.
@@ -80,7 +81,7 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
     Exact: a sequence gives bit-identical outputs and states however it is split into passes
     (continuing from a captured state), batched or captured, on one device and backend.
     """
-    check_tensor_args(dict(x=x, weight=weight), dict(bias=bias, initial_states=initial_states, cu_seqlens=cu_seqlens))
+    check_tensor_args(dict(x=x, weight=weight), dict(bias=bias, initial_states=initial_states))
     dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch", "seqlen"))
     device = check_same_device(x=x, weight=weight, bias=bias, initial_states=initial_states)
     seqs = make_sequences(x.shape[0], x.shape[2], cu_seqlens, device)

@@ -240,7 +240,9 @@ class SSMMixer(nn.Module):
         Args:
             hidden_states: (batch, seqlen, hidden_size), float32/float16/bfloat16.
             state: the LayerState of the nseq sequences before the pass (None: zeros at 0).
-            cu_seqlens: (nseq + 1,) int, optional: sequences packed along seqlen (batch 1).
+            cu_seqlens: (nseq + 1,) int tensor or list of ints, optional: sequences packed along
+                seqlen (batch 1). A tensor's values are read back once (on a GPU, one sync a
+                layer); the conv and the scan take them from the host.
             capture: (sequence index, offset) pairs, offsets into the pass (0..length); each
                 becomes a Snapshot at absolute position state.positions[s] + offset.
 
@@ -257,7 +259,7 @@ class SSMMixer(nn.Module):
         pairs = [None] * table.count
         for s, k, row in table.entries:
             pairs[row] = (s, k)
-        out, conv, scan = self._mix(hidden_states, state, cu_seqlens, pairs)
+        out, conv, scan = self._mix(hidden_states, state, seqs.host_bounds(), pairs)
         snapshots = [Snapshot(state.positions[s] + k, conv.captured_states[i], scan.captured_states[i])
                      for i, (s, k) in enumerate(pairs)]
         positions = tuple(p + n for p, n in zip(state.positions, seqs.lengths))
@@ -280,7 +282,8 @@ class SSMMixer(nn.Module):
         return out
 
     def _mix(self, hidden_states, state, cu_seqlens, capture):
-        """Return (out, ConvResult, ScanResult) of a validated pass."""
+        """Return (out, ConvResult, ScanResult) of a validated pass (cu_seqlens: its bounds on the
+        host, or None)."""
         raise NotImplementedError
 
     def _step(self, hidden_states, state):

@@ -56,7 +56,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
     accuracy: README.md, section "Semantics and exactness".
     """
     check_tensor_args(dict(u=u, delta=delta, A=A, B=B, C=C),
-                      dict(D=D, z=z, delta_bias=delta_bias, initial_states=initial_states, cu_seqlens=cu_seqlens))
+                      dict(D=D, z=z, delta_bias=delta_bias, initial_states=initial_states))
     check_tensor("u", u, [("batch", None), ("dim", None), ("seqlen", None)], FLOAT_DTYPES)
     batch, dim, seqlen = u.shape
     check_tensor("delta", delta, [("batch", batch), ("dim", dim), ("seqlen", seqlen)], FLOAT_DTYPES)

@@ -92,8 +92,9 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
         dt_softplus: apply softplus to dt + dt_bias.
         dt_limit: (min, max) clamp of dt'; the default (0, inf) maps negative dt' to 0.
         initial_states: (nseq, nheads, headdim, dstate) float32, optional (zeros).
-        cu_seqlens: (nseq + 1,) int32/int64, optional: a varlen batch packed along seqlen
-            (batch must be 1; empty sequences allowed). nseq is batch without it.
+        cu_seqlens: (nseq + 1,) int32/int64 tensor, or a list of ints, optional: a varlen batch
+            packed along seqlen (batch must be 1; empty sequences allowed). nseq is batch without
+            it. A tensor's values are read back (on a GPU, a sync); a list reads nothing back.
         capture: (ncapture, 2) int tensor or a sequence of (sequence index, offset) pairs with
             0 <= offset <= that sequence's length; any order, duplicates allowed.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
@@ -117,7 +118,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
     accuracy: README.md, section "Semantics and exactness".
     """
     nheads, headdim, _, dstate = check_mamba2_args(x, dt, A, B, C, D, z, dt_bias, token_dims=("batch", "seqlen"))
-    check_tensor_args({}, dict(initial_states=initial_states, cu_seqlens=cu_seqlens))
+    check_tensor_args({}, dict(initial_states=initial_states))
     check_bool("dt_softplus", dt_softplus)
     dt_limit = check_dt_limit(dt_limit)
     device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
