@@ -17,11 +17,13 @@ first launch, launches, torch kernels and views dispatched, and allocations (out
 no input shares); a step's batch is built before its layers (prefill_batch's own time is its own
 row), from host lengths and captures as the vLLM plugin builds it, and the layers are called as the
 plugin calls them: the first with validate=True, the later ones with validate=False. Each step is a
-new prompt (other lengths). The public scan (`mamba2_scan`, recurrent and chunked) is called as a
-model's layers call it (ssm_kernels.layers, the transformers adapters): every layer a whole call,
-with new outputs; its later layers take the chunk tables the first one made, and the chunked scan's
-second and third record their launches and the later ones replay them (tables.recent_pass). A
-warm-up step first, so that one-time work (each kernel's binder) is not counted.
+new prompt (other lengths). The public scan (`mamba2_scan`, recurrent and chunked) and decode
+steps (`selective_state_update`, `causal_conv1d_update`) are called as a model's layers call them
+(ssm_kernels.layers, the transformers adapters): every layer a whole call, with new outputs; the
+chunked scan's later layers take the chunk tables the first one made; each public call's second
+and third record their launches and the later ones replay them (tables.recent_pass,
+_replay.run_public). A warm-up step first, so that one-time work (each kernel's binder) is not
+counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
 layers within one run, not across machines. With --device cuda (on a GPU) the calls launch their
@@ -52,7 +54,7 @@ from triton.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
 from triton_static.launches import TARGET, recording  # noqa: E402
 
-from ssm_kernels import cache_ops, mamba2_scan  # noqa: E402
+from ssm_kernels import cache_ops, causal_conv1d_update, mamba2_scan, selective_state_update  # noqa: E402
 from ssm_kernels import _replay as replay  # noqa: E402
 
 from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results  # noqa: E402
@@ -157,7 +159,9 @@ def calls(s) -> dict:
 def public_calls(s) -> dict:
     """The public scan as a model's layers call it (ssm_kernels.layers, the transformers adapters):
     each layer a pass over the step's sequences (cu_seqlens on the device, initial states, the
-    step's two captures, the rows' start positions), new outputs each call; no `validate`."""
+    step's two captures, the rows' start positions), new outputs each call; and the decode steps
+    of one token a sequence, the scan's on a float32 state and the conv's, a slot a sequence,
+    updated in place; no `validate`."""
     packed = {k: s[k].unsqueeze(0) for k in ("x", "dt", "B", "C")}
     seqs = s["prefill"].seqs
     initial = torch.zeros(seqs.count, NHEADS, HEADDIM, DSTATE, device=s["x"].device)
@@ -165,7 +169,15 @@ def public_calls(s) -> dict:
         packed["x"], packed["dt"], s["A"], packed["B"], packed["C"], D=s["D"], dt_bias=s["dt_bias"],
         dt_softplus=True, initial_states=initial, cu_seqlens=seqs.cu_seqlens, capture=CAPTURES, backend="triton",
         algorithm=algorithm, chunk_size=CHUNK, start_positions=START_POSITIONS)
-    return {"mamba2_scan recurrent": mamba2("recurrent"), "mamba2_scan chunked": mamba2("chunked")}
+    d = seqs.count
+    state, conv_state = torch.zeros_like(initial), s["conv"][:d].clone()
+    decode = lambda validate: selective_state_update(
+        state, s["x"][:d], s["dt"][:d], s["A"], s["B"][:d], s["C"][:d], D=s["D"], dt_bias=s["dt_bias"],
+        dt_softplus=True, backend="triton")
+    conv_step = lambda validate: causal_conv1d_update(s["xbc"][:, :d].T, conv_state, s["w"], activation="silu",
+                                                      backend="triton")
+    return {"mamba2_scan recurrent": mamba2("recurrent"), "mamba2_scan chunked": mamba2("chunked"),
+            "selective_state_update": decode, "causal_conv1d_update": conv_step}
 
 
 def scan_at_2p7b(algorithm: str):
@@ -178,11 +190,13 @@ def scan_at_2p7b(algorithm: str):
 
 
 def public_cases() -> dict:
-    """The public scan's layer calls the host-time comparisons under bench/results time: this
-    bench's and bench.scan's at 2.7B, chunked and recurrent (the control)."""
+    """The public calls the host-time comparisons under bench/results time: this bench's layer
+    calls, and bench.scan's at 2.7B, chunked and recurrent."""
     layer = calls(_step(torch.device("cpu")))
     return {"bench.host's mamba2_scan chunked": layer["mamba2_scan chunked"],
             "bench.host's mamba2_scan recurrent": layer["mamba2_scan recurrent"],
+            "bench.host's selective_state_update": layer["selective_state_update"],
+            "bench.host's causal_conv1d_update": layer["causal_conv1d_update"],
             "2.7B, 8192 tokens, chunked": scan_at_2p7b("chunked"),
             "2.7B, 8192 tokens, recurrent": scan_at_2p7b("recurrent")}
 
@@ -297,6 +311,7 @@ def measure(layers: int, repeats: int, device: torch.device) -> list[dict]:
         timed = []
         with launches_on_gpu() if on_gpu else launches_stubbed():
             for step in range(repeats + 1):
+                replay._public.clear()  # each step a new model's layers, as the chunk tables
                 call = calls(_step(device, step))[name]
                 timed.append([_timed(lambda: call(layer == 0)) for layer in range(layers)])
                 if on_gpu:
@@ -304,6 +319,7 @@ def measure(layers: int, repeats: int, device: torch.device) -> list[dict]:
         timed = timed[1:]  # the first step warms up
         counts = [{}] * layers
         if not on_gpu:
+            replay._public.clear()
             call = calls(_step(device, repeats + 1))[name]  # a new step's, as the timed ones
             counts = [_counted(lambda: call(layer == 0)) for layer in range(layers)]
         row = {"op": name}
@@ -323,8 +339,9 @@ def markdown(rows: list[dict], env: dict) -> str:
               f"commit {env['commit']}, {env['date']}): a step of {env['layers']} layers, "
               f"{env['repeats']} steps; time is the median, counts the largest. An engine op's first layer "
               f"validates; its first two record their launches, the later ones replay them. The public "
-              f"scan's layers are whole calls, its later ones on the first one's chunk tables: on Triton (chunked) "
-              f"its second and third record their launches and the later ones replay them with new scratch.\n\n")
+              f"calls' layers are whole calls (the chunked scan's later ones on the first one's chunk tables), "
+              f"each step a new model's: their second and third record their launches and the later ones "
+              f"replay them with new scratch.\n\n")
     body = [[r["op"], *(f"{r[k]['us']:.0f}" if k in r else "" for k in LAYERS),
              f"{r['later']['first_launch_us']:.0f}" if "later" in r else "",
              *(r["later"].get(c, "") if "later" in r else "" for c in ("launches", "torch_kernels", "views",

@@ -530,14 +530,14 @@ def capture_table(entries, nseq: int, device: torch.device) -> CaptureTable:
     return CaptureTable(*int_tables(device, *lists), entries)
 
 
-def check_state_indices(state_indices, batch: int, nslots: int, state_name: str, device: torch.device,
-                        name: str = "state_indices") -> torch.Tensor:
-    """The slots a decode batch updates in place, as int64: `state_indices` (distinct, in range;
-    called `name` in errors) or 0..batch-1."""
+def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
+                        name: str = "state_indices") -> None:
+    """The slots a decode batch updates in place: `state_indices` (distinct, in range; called
+    `name` in errors), or, where it is None, 0..batch-1, which must fit the nslots."""
     if state_indices is None:
         if nslots is not None and batch > nslots:
             raise ValueError(f"without {name} the batch ({batch}) must not exceed {state_name}'s slots ({nslots})")
-        return torch.arange(batch, device=device)
+        return
     check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
     slots = state_indices.tolist()
     for i, slot in enumerate(slots):
@@ -545,7 +545,6 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
             raise ValueError(f"{name}[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
     if len(set(slots)) != len(slots):
         raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
-    return state_indices.to(device=device, dtype=torch.int64)
 
 
 def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int | None) -> None:

@@ -17,8 +17,10 @@ A recording is void where a tensor it passed a kernel is another view of a call'
 at its address), or two of the call's tensors share an address. After three recordings without
 agreement the op runs as it is for the rest of the step.
 
-The public chunked Mamba-2 scan replays too (mamba2_chunked.run; its `launches` live with the
-pass's recent chunk tables), with fresh scratch (fresh=True): its workspace is allocated anew for
+The public scans replay too, with fresh scratch (fresh=True): the chunked Mamba-2 scan
+(mamba2_chunked.run; its `launches` live with the pass's recent chunk tables), and the recurrent
+kernel's and the conv kernel's calls, prefill passes and decode steps (run_public). Their
+scratch (the chunked workspace, the recurrent kernel's dt table) is allocated anew for
 each replay, as the call allocated it (sizes, dtypes, the offsets of its views), so nothing the
 cache keeps holds device memory. There the first call of a layout runs without recording (a layout
 called once pays nothing), the second is watched (only a watched call tells which tensors it
@@ -35,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton.runtime.driver import driver
 
-from . import _triton
+from . import _common, _triton
 
 try:  # Triton 3.3 and later: a compiled kernel's launcher takes every parameter, constexprs too
     from triton import knobs
@@ -72,6 +74,31 @@ class _Entry:
 
 
 _DEFAULTS: dict = {}
+
+
+class RecentLayouts(dict):
+    """An op's `launches` kept for its last `size` layouts (the oldest added goes first)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key, entry) -> None:
+        super().__setitem__(key, entry)
+        if len(self) > self.size:
+            del self[next(iter(self))]
+
+
+RECENT_LAYOUTS = 32
+_public = RecentLayouts(RECENT_LAYOUTS)  # the public calls' launches
+
+
+def run_public(device: torch.device, op: tuple, tensors: tuple, call: Callable[[], None]) -> None:
+    """run() for a public call's Triton path (op names the path): from a layout's fourth call
+    (a model's fourth layer) its launches replayed with fresh scratch; those of the last
+    RECENT_LAYOUTS layouts kept on each stream, none while a CUDA graph is captured."""
+    keep, stream = _common.cache_stream(device)
+    run(_public if keep else {}, op + (stream,), tensors, call, fresh=True)
 
 
 def _defaults(kernel) -> dict:

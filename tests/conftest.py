@@ -24,11 +24,12 @@ def poisoned_outputs(monkeypatch):
 @pytest.fixture(autouse=True)
 def own_chunk_tables():
     """Each test plans its own passes: a pass's chunk tables and launches, kept for the next pass
-    like it (recent_pass), and its capture table and cu_seqlens copy would hide a test's patched
-    planning."""
+    like it (recent_pass), its capture table and cu_seqlens copy, and a public call's launches
+    would hide a test's patched planning."""
     chunk_tables._recent_tables.cache_clear()
     ssm_kernels._common._recent_capture_table.cache_clear()
     ssm_kernels._common._recent_ints.cache_clear()
+    ssm_kernels._replay._public.clear()
 
 
 @pytest.fixture(autouse=True)

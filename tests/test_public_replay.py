@@ -1,16 +1,19 @@
-"""A model's layers call the public chunked Mamba-2 scan one after another alike: from a layout's
-fourth call its launches are replayed (mamba2_chunked.run, _replay.py with fresh scratch), and
-each replay gives the bits of a fresh pass, for every argument that decides the launches. The
-capture tables of like calls are one table (make_capture_table)."""
+"""A model's layers call the public scans one after another alike: from a layout's fourth call
+their launches are replayed (the chunked Mamba-2 scan: mamba2_chunked.run; the recurrent kernel's
+and conv kernels' calls: _replay.run_public; all with fresh scratch), and each replay gives the bits of
+a fresh call, for every argument that decides the launches. The capture tables of like calls are
+one table (make_capture_table)."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from helpers import mamba2_inputs, mamba2_positional
-from ssm_kernels import _common, mamba2_scan
+from helpers import mamba1_inputs, mamba1_positional, mamba2_inputs, mamba2_positional
+from ssm_kernels import (_common, _replay, causal_conv1d, causal_conv1d_update, mamba1_scan, mamba2_scan,
+                         selective_state_update)
+from ssm_kernels.conv import conv1d
 from ssm_kernels._common import Sequences, make_capture_table
-from ssm_kernels.scan import mamba2_chunked
+from ssm_kernels.scan import dispatch, mamba2_chunked
 from ssm_kernels.scan.mamba2_chunked import tables as chunk_tables
 from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
 
@@ -143,3 +146,131 @@ def test_no_replay_while_a_graph_is_captured(monkeypatch, runs, device):
     for _ in range(5):
         mamba2_scan(*args, **inputs)
     assert runs[0] == 5
+
+
+# -------------------------------------------------------------------------------------------
+# The recurrent kernel's public calls: mamba2_scan and mamba1_scan recurrent, the decode step
+# -------------------------------------------------------------------------------------------
+@pytest.fixture
+def recurrent_runs(monkeypatch):
+    """How many public calls ran the recurrent or the conv kernel's host code (the rest were
+    replayed)."""
+    count = [0]
+    for module in (dispatch, conv1d):
+        def counted(p, *table, real=module.run_triton):
+            count[0] += 1
+            real(p, *table)
+        monkeypatch.setattr(module, "run_triton", counted)
+    return count
+
+
+def _mamba2(device, cu=(0, 17, 17, 30, 31), **changes):
+    args, kw = mamba2_positional(mamba2_inputs(1, cu[-1], **SMALL, nseq=len(cu) - 1, device=device))
+    kw.update(dict(cu_seqlens=list(cu), capture=[(3, 1), (0, 9), (2, 0)], dt_softplus=True, backend="triton",
+                   algorithm="recurrent"), **changes)
+    return lambda: mamba2_scan(*args, **kw)
+
+
+def _mamba1(device, **changes):
+    args, kw = mamba1_positional(mamba1_inputs(2, 21, ngroups=2, device=device))
+    kw.update(dict(capture=[(1, 21), (0, 4)], delta_softplus=True, backend="triton", algorithm="recurrent"),
+              **changes)
+    return lambda: mamba1_scan(*args, **kw)
+
+
+def _decode(device, dtype=torch.float32, **changes):
+    """A decode step on a pool of 5 slots: rows read slots 3 and 0, a padded row, and write slots
+    4, 0 and nothing; returns y and the pool after the step (its own copy)."""
+    kw = mamba2_inputs(3, 1, **SMALL, device=device)
+    pool = torch.randn(5, *kw["initial_states"].shape[1:], device=device).to(dtype)
+    step = dict(x=kw["x"][:, 0], dt=kw["dt"][:, 0], A=kw["A"], B=kw["B"][:, 0], C=kw["C"][:, 0], D=kw["D"],
+                dt_bias=kw["dt_bias"], dt_softplus=True, state_indices=torch.tensor([3, 0, -1], device=device),
+                dst_state_indices=torch.tensor([4, 0, -1], device=device), pad_slot_id=-1, backend="triton")
+    step.update(changes)
+
+    def call():
+        state = pool.clone()
+        return selective_state_update(state, **step), state
+    return call
+
+
+def _conv(device):
+    x = torch.randn(1, 24, 31, device=device)
+    kw = dict(weight=torch.randn(24, 4, device=device), bias=torch.randn(24, device=device), activation="silu",
+              initial_states=torch.randn(4, 24, 3, device=device), cu_seqlens=[0, 17, 17, 30, 31],
+              capture=[(3, 1), (0, 2), (2, 0)], backend="triton")
+    return lambda: causal_conv1d(x, **kw)
+
+
+def _conv_step(device):
+    """A conv decode step on a pool of 5 slots, rows on slots 3, 0 and 4; returns out and the pool
+    after the step (its own copy)."""
+    x, pool = torch.randn(3, 24, device=device), torch.randn(5, 24, 3, device=device)
+    kw = dict(weight=torch.randn(24, 4, device=device), activation="silu",
+              state_indices=torch.tensor([3, 0, 4], device=device), backend="triton")
+
+    def call():
+        state = pool.clone()
+        return causal_conv1d_update(x, state, **kw), state
+    return call
+
+
+RECURRENT = {"mamba2_scan varlen": _mamba2, "mamba1_scan groups": _mamba1, "decode step": _decode,
+             "decode step, bfloat16 pool": lambda device: _decode(device, torch.bfloat16),
+             "causal_conv1d varlen": _conv, "causal_conv1d_update": _conv_step}
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_recurrent_calls_replay_and_give_a_fresh_calls_bits(name, recurrent_runs, device):
+    calls = [RECURRENT[name](device) for _ in range(CALLS)]  # a layer's own tensors each call
+    results = [call() for call in calls]
+    assert recurrent_runs[0] == 3
+    for call, got in zip(calls, results):
+        _replay._public.clear()
+        assert all(torch.equal(g, w) for g, w in zip(got, call()))
+
+
+RECURRENT_CHANGES = {
+    "other sequences, same shapes": lambda device: _mamba2(device, cu=(0, 9, 20, 20, 31)),
+    "dt_limit": lambda device: _mamba2(device, dt_limit=(0.01, 0.5)),
+    "no captures": lambda device: _mamba2(device, capture=None),
+    "no pad_slot_id": lambda device: _decode(device, pad_slot_id=None,
+                                             state_indices=torch.tensor([3, 0, 1], device=device),
+                                             dst_state_indices=torch.tensor([4, 0, 2], device=device)),
+}
+
+
+@pytest.mark.parametrize("change", RECURRENT_CHANGES)
+def test_a_recurrent_call_that_differs_from_the_replayed_one_runs_as_itself(change, recurrent_runs, device):
+    base = _decode if change.startswith("no pad") else _mamba2
+    for _ in range(4):
+        base(device)()
+    assert recurrent_runs[0] == 3
+    call = RECURRENT_CHANGES[change](device)
+    got = call()
+    assert recurrent_runs[0] == 4
+    _replay._public.clear()
+    assert all(torch.equal(g, w) for g, w in zip(got, call()))
+
+
+def test_the_recurrent_calls_keep_their_last_layouts_and_none_under_graph_capture(monkeypatch, recurrent_runs,
+                                                                                 device):
+    """A layout beyond the last RECENT_LAYOUTS is recorded again; under CUDA graph capture every
+    call runs as it is."""
+    monkeypatch.setattr(_replay, "_public", _replay.RecentLayouts(2))
+    layouts = [lambda: _mamba2(device), lambda: _mamba2(device, dt_limit=(0.0, 1.0)),
+               lambda: _mamba2(device, dt_limit=(0.0, 2.0))]
+    for make in layouts[:2]:
+        for _ in range(4):
+            make()()
+    assert recurrent_runs[0] == 6
+    for _ in range(4):
+        layouts[2]()()  # the first layout's launches go
+    layouts[1]()()
+    assert recurrent_runs[0] == 9
+    layouts[0]()()
+    assert recurrent_runs[0] == 10
+    monkeypatch.setattr(_common, "cache_stream", lambda device: (False, None))
+    for _ in range(4):
+        layouts[1]()()
+    assert recurrent_runs[0] == 14

@@ -1,7 +1,7 @@
 """The engine ops' host work per layer call (python -m bench.host): a step's later layers replay
 the launches its first two recorded, and run nothing else: no torch kernel, view or allocation.
-The public chunked scan's later layers take the chunk tables its first layer made, and replay the
-launches its second and third recorded."""
+The public chunked scan's later layers take the chunk tables its first layer made; the public
+calls' later layers replay the launches their second and third recorded."""
 import json
 import os
 import subprocess
@@ -54,10 +54,22 @@ def test_the_public_chunked_scan_plans_in_its_first_layer_and_replays_from_its_f
     second and third record their launches; the later layers' calls replay them: their outputs
     and a new workspace allocated (as many allocations as a call that runs the stages), no other
     torch kernel, and fewer views than a recording call."""
-    chunked, recurrent = rows["mamba2_scan chunked"], rows["mamba2_scan recurrent"]
+    chunked = rows["mamba2_scan chunked"]
     assert all(chunked[part]["launches"] == 5 for part in ("first", "second", "third", "later"))
     assert chunked["first"]["views"] > chunked["third"]["views"] > chunked["later"]["views"]
     later = chunked["later"]
     assert later["allocations"] == chunked["third"]["allocations"] == later["torch_kernels"]
     assert later["us"] < chunked["third"]["us"]
-    assert recurrent["first"]["views"] == recurrent["later"]["views"]  # no tables to make, no replay
+
+
+@pytest.mark.parametrize("op", ["mamba2_scan recurrent", "selective_state_update", "causal_conv1d_update"])
+def test_the_public_recurrent_calls_replay_from_their_fourth(rows, op):
+    """The recurrent and conv kernels' public calls record in their second and third layers and replay in
+    the later ones: their outputs (and a prefill's dt table) allocated, no other torch kernel, no
+    more views, less time."""
+    row = rows[op]
+    assert all(row[part]["launches"] == (2 if "scan" in op else 1) for part in ("first", "second", "third", "later"))
+    later = row["later"]
+    assert row["third"]["views"] >= later["views"]
+    assert later["allocations"] == row["third"]["allocations"] == later["torch_kernels"]
+    assert later["us"] < row["third"]["us"]

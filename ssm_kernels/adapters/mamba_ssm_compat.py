@@ -331,8 +331,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     tied = _broadcast_along(A, (1, 2)) and _broadcast_along(dt, (2,)) and _broadcast_along(dt_bias, (1,))
     A = _real_float("A", A, want_f32=True)
     check_written(written, read)
-    slots = check_state_indices(state_batch_indices, batch, state.shape[0], "state", state.device,
-                                name="state_batch_indices")
+    check_state_indices(state_batch_indices, batch, state.shape[0], "state", name="state_batch_indices")
+    slots = (torch.arange(batch, device=state.device) if state_batch_indices is None
+             else state_batch_indices.to(state.device, torch.int64))
 
     if state.dtype == torch.float32 or (tied and state.dtype in STATE_DTYPES):
         pool, rows = state, slots

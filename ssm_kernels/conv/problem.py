@@ -53,6 +53,15 @@ class ConvProblem(CacheSlots):
         return dict(HAS_BIAS=self.bias is not None, SILU=self.silu, HAS_INITIAL_STATE=self.state_in is not None,
                     IS_VARLEN=self.seqs.varlen, HAS_CAPTURE=self.captures.count > 0, **self.slot_flags)
 
+    def replay_key(self) -> tuple[tuple, tuple]:
+        """(op, tensors) for _replay.run: what but the tensors decides the launch (the flags'
+        scalars, the sequences and captures on the host), and the tensors, each once (a state
+        pool updated in place is state_in)."""
+        op = (self.silu, self.skip_slot, self.seqs.varlen, tuple(self.seqs.lengths), tuple(self.captures.entries))
+        state_out = None if self.state_out is self.state_in else self.state_out
+        return op, (self.x, self.weight, self.bias, self.state_in, self.state_index, self.has_initial, self.out,
+                    state_out, self.captured, self.seqs.cu_seqlens)
+
     @property
     def width(self) -> int:
         return self.weight.shape[1]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _replay
 from .._common import CaptureTable, ScanResult, Sequences, make_capture_table, new_output, resolve_backend
 from .algorithm import check_start_positions
 from .problem import ScanProblem
@@ -21,6 +22,17 @@ def run(problem: ScanProblem, backend: str, dt_table: torch.Tensor | None = None
         run_triton(problem, dt_table)
     else:
         run_torch(problem)
+
+
+def run_public(problem: ScanProblem, backend: str) -> None:
+    """run(problem, backend) for a public call (mamba2_scan or mamba1_scan recurrent,
+    selective_state_update): on Triton, from a layout's fourth call on, the kernel's launches
+    replayed (_replay.run_public)."""
+    if backend != "triton":
+        run_torch(problem)
+        return
+    op, tensors = problem.replay_key()
+    _replay.run_public(problem.x.device, ("scan",) + op, tensors, lambda: run_triton(problem))
 
 
 @dataclass(frozen=True)
@@ -59,5 +71,5 @@ def run_pass(prepared: PrefillPass, problem: ScanProblem, chunked) -> ScanResult
     if prepared.algorithm == "chunked":
         chunked.run(problem, prepared.backend, prepared.chunk_size, prepared.start_positions)
     else:
-        run(problem, prepared.backend)
+        run_public(problem, prepared.backend)
     return ScanResult(prepared.y, prepared.final_states, prepared.captured)

@@ -195,5 +195,5 @@ def selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=Non
                        None if z is None else z.unsqueeze(1), dt_bias, dt_softplus, dt_limit,
                        state, state_indices, Sequences(None, [1] * batch, varlen=False), NO_CAPTURES,
                        y, state, state[:0], state_out_index=dst_state_indices, skip_slot=pad_slot_id)
-    dispatch.run(problem, backend)
+    dispatch.run_public(problem, backend)
     return y[:, 0]

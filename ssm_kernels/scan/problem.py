@@ -82,6 +82,17 @@ class ScanProblem(CacheSlots):
             HAS_SLOT_OUT=self.state_out_index is not None, IS_VARLEN=self.seqs.varlen,
             HAS_CAPTURE=self.captures.count > 0, **self.slot_flags)
 
+    def replay_key(self) -> tuple[tuple, tuple]:
+        """(op, tensors) for _replay.run: what but the tensors decides a Triton path's launches
+        (the scalars, the sequences and captures on the host), and the tensors, each once (a
+        state pool updated in place is state_in; cu_seqlens's copy is the call's own)."""
+        op = (self.dt_softplus, self.dt_min, self.dt_max, self.a_per_state, self.skip_slot, self.seqs.varlen,
+              tuple(self.seqs.lengths), tuple(self.captures.entries))
+        state_out = None if self.state_out is self.state_in else self.state_out
+        return op, (self.x, self.dt, self.A, self.B, self.C, self.D, self.z, self.dt_bias, self.state_in,
+                    self.state_index, self.has_initial, self.state_out_index, self.y, state_out, self.captured,
+                    self.seqs.cu_seqlens)
+
     @property
     def dims(self) -> tuple[int, int, int, int]:
         """(nheads, headdim, dstate, ngroups)."""

@@ -56,13 +56,10 @@ def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> N
     if backend != "triton":
         run_chunked_torch(p, recent.tables)
         return
-    # Everything but the tensors that decides the launches (the tables and the chunk grid are
-    # the recent pass's; the capture rows' order is the entries').
-    op = ("mamba2_scan chunked", p.dt_softplus, p.dt_min, p.dt_max, p.a_per_state, p.skip_slot,
-          tuple(p.captures.entries), triton_kernel.FUSED_PASS)
-    tensors = (p.x, p.dt, p.A, p.B, p.C, p.D, p.z, p.dt_bias, p.state_in, p.state_index, p.has_initial,
-               p.state_out_index, p.y, p.state_out, p.captured)
-    _replay.run(recent.launches, op, tensors, lambda: run_chunked_triton(p, recent.tables), fresh=True)
+    # The tables and the chunk grid are the recent pass's.
+    op, tensors = p.replay_key()
+    _replay.run(recent.launches, op + (triton_kernel.FUSED_PASS,), tensors,
+                lambda: run_chunked_triton(p, recent.tables), fresh=True)
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "ChunkTables",
