@@ -121,18 +121,22 @@ def check_tensor_args(required: dict, optional: dict | None = None) -> None:
 
 
 def check_tensor(name: str, t, dims: Sequence[tuple[str, int | None]], dtypes=None) -> torch.Tensor:
-    """Check that `t` is a tensor with data, of the named shape (None matches any size) and dtype."""
-    check_tensor_args({name: t})
+    """Check that `t` is a tensor with data, of the named shape (None matches any size) and dtype.
+    (Every public call runs it on each of its tensors: the messages are built only on failure.)"""
+    if not isinstance(t, torch.Tensor):
+        check_tensor_args({name: t})
     check_has_data(name, t)
-    names = ", ".join(n for n, _ in dims)
-    if t.ndim != len(dims):
-        raise ValueError(f"{name} must have {len(dims)} dimensions ({names}), got shape {tuple(t.shape)}")
+    shape = t.shape
+    if len(shape) != len(dims):
+        names = ", ".join(n for n, _ in dims)
+        raise ValueError(f"{name} must have {len(dims)} dimensions ({names}), got shape {tuple(shape)}")
     for axis, (dim_name, size) in enumerate(dims):
-        if size is not None and t.shape[axis] != size:
+        if size is not None and shape[axis] != size:
+            names = ", ".join(n for n, _ in dims)
             want = tuple("*" if s is None else s for _, s in dims)
             raise ValueError(
-                f"{name} must have shape ({names}) = {want}, got {tuple(t.shape)} "
-                f"({dim_name} is {t.shape[axis]}, expected {size})"
+                f"{name} must have shape ({names}) = {want}, got {tuple(shape)} "
+                f"({dim_name} is {shape[axis]}, expected {size})"
             )
     if dtypes is not None and t.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
