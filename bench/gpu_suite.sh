@@ -17,10 +17,12 @@
 #      decode at batch 1..256; a soft budget, and a hard timeout (SIGTERM: it writes what it measured);
 #   5. python -m bench.sweep (SWEEP_S, default 60): the chunked Mamba-2 pass's kernels under other
 #      launch configurations (warps, stages, tiles), each against the default, at the three shapes;
-#   6. python -m bench.serve in the time left (SERVE_S, default 45), then the short tables, last.
+#      then python -m bench.ablate (ABLATE_S, default 30): the output kernel with each of its parts
+#      taken out, at Mamba-2 2.7B (where its time goes);
+#   6. python -m bench.serve in the time left (SERVE_S, default 35), then the short tables, last.
 # Everything goes to $OUT (default bench/results/<UTC date>-gpu; a dry run: -gpu-reduced or
 # -cpu-reduced): scan.json/.md, scan_*.png, serve.json/.md, serve_*.png, logs/*.log and
-# sweep/sweep.json/.md, logs/steps.tsv (step, exit status, seconds).
+# sweep/sweep.json/.md, ablate/ablate.json/.md, logs/steps.tsv (step, exit status, seconds).
 #
 # Peers: a folder $PEERS (default .peers) is put first on PYTHONPATH (pure-Python mamba_ssm and fla,
 # bench/README.md says how to make it). A copy of the tree without .git should pass BENCH_COMMIT=<sha>.
@@ -49,7 +51,8 @@ BUDGET=${SUITE_BUDGET_S:-400}
 SHARDS=${SHARDS:-8}
 TESTS_S=${TESTS_S:-200}
 SWEEP_S=${SWEEP_S:-60}
-SERVE_S=${SERVE_S:-45}
+ABLATE_S=${ABLATE_S:-30}
+SERVE_S=${SERVE_S:-35}
 PEERS=${PEERS:-.peers}
 # Shards balanced by each file's compile seconds, measured without a GPU (bench/README.md).
 WEIGHTS=${WEIGHTS:-bench/results/2026-12-01-compile/compile.json}
@@ -132,20 +135,23 @@ step host host.log 120 "$PY" -m bench.host --device "$HOST_DEVICE" --repeats 3 -
 # scan's chain of chunks pays a hop); reduced: the interpreter checks the values only.
 step chain chain.log 60 "$PY" -m bench.chain $REDUCED_FLAG --out "$OUT/chain"
 
-# 4. The headline rows, 5. the launch configurations, then 6. serve in what is left. The fused chunked pass is timed only where
-# its layer-size test passed on this GPU above: a pass that hung would stop every row after it.
+# 4. The headline rows, 5. the launch configurations and the output kernel's parts, then 6. serve
+# in what is left. The fused chunked pass is timed only where its layer-size test passed on this
+# GPU above: a pass that hung would stop every row after it.
 FUSED_ARGS=(--no-fused)
 if [ "$DRY_RUN" = 1 ] || grep -q "test_chunked_fused.py::test_at_a_layers_size_on_gpu PASSED" "$OUT"/logs/tests-*.log \
     2>/dev/null; then
   FUSED_ARGS=()
 fi
-limit=$(( $(left) - SWEEP_S - SERVE_S - 10 ))
+limit=$(( $(left) - SWEEP_S - ABLATE_S - SERVE_S - 10 ))
 [ "$limit" -lt 60 ] && limit=60
 SCAN_ARGS=()
 [ "$DRY_RUN" = 1 ] || SCAN_ARGS=(--seqlens 8192 32768 --no-varlen --sections scan,captures,grid_split,crossover,decode)
 step scan scan.log "$limit" "$PY" -m bench.scan $REDUCED_FLAG $QUICK "${SCAN_ARGS[@]}" "${FUSED_ARGS[@]}" \
   --out "$OUT" --time-budget $((limit - 40))
 step sweep sweep.log "$SWEEP_S" "$PY" -m bench.sweep $REDUCED_FLAG --out "$OUT/sweep" --time-budget $((SWEEP_S - 20))
+step ablate ablate.log "$ABLATE_S" "$PY" -m bench.ablate $REDUCED_FLAG --out "$OUT/ablate" \
+  --time-budget $((ABLATE_S - 15))
 limit=$(( $(left) - 10 ))
 [ "$limit" -lt 30 ] && limit=30
 step serve serve.log "$limit" "$PY" -m bench.serve $REDUCED_FLAG $QUICK --out "$OUT" --time-budget $((limit * 2 / 3))

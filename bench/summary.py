@@ -75,6 +75,17 @@ def sweep_line(sweep: dict) -> str:
     return f"== bench.sweep, the fastest launch configuration a shape against the default: {found or 'none measured'}"
 
 
+def ablate_line(ablate: dict) -> str:
+    """bench.ablate's output kernel per variant against the unchanged copy, at each shape."""
+    shapes: dict[str, list[str]] = {}
+    for row in ablate["rows"]:
+        if row.get("output_vs_unchanged") is not None and row["config"] != "unchanged":
+            name = row["config"].split(" (")[0]
+            shapes.setdefault(row["shape"], []).append(f"{name} {row['output_vs_unchanged']:.2f}x")
+    found = "; ".join(f"{shape}: {', '.join(parts)}" for shape, parts in shapes.items())
+    return f"== bench.ablate, the output kernel without a part against the unchanged copy: {found or 'none measured'}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
@@ -97,6 +108,9 @@ def main(argv=None) -> int:
     sweep = _load(args.folder / "sweep" / "sweep.json")
     if sweep and sweep["mode"] == "gpu":
         parts.append(sweep_line(sweep))
+    ablate = _load(args.folder / "ablate" / "ablate.json")
+    if ablate and ablate["mode"] == "gpu":
+        parts.append(ablate_line(ablate))
     for name, data, table in (("scan", scan, scan_short_table), ("serve", serve, serve_short_table)):
         if data is None:
             parts.append(f"== bench.{name}: no results ({args.folder / (name + '.json')} missing or unreadable)")

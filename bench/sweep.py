@@ -99,9 +99,11 @@ def _scan(inp: dict, capture=None):
 
 
 def measure_gpu(configs: dict, shapes, ntokens: int, budget: Budget, rows: list, device=torch.device("cuda"),
-                times=kernel_times) -> None:
+                times=kernel_times, within=configured, outputs=None) -> None:
     """Rows (appended as measured): per shape and configuration, the kernels' GPU times (`times`)
-    and whether the outputs equal the default configuration's bit for bit (configs starts with it)."""
+    and whether the outputs equal the default configuration's bit for bit (where configs has it,
+    first). within(changes): the context a configuration runs in; outputs(shape name, config name,
+    its ScanResult): more of the row's fields (bench.ablate's)."""
     for shape in shapes:
         inp = wl.mamba2_inputs(shape, ntokens, device)
         default = None
@@ -110,9 +112,10 @@ def measure_gpu(configs: dict, shapes, ntokens: int, budget: Budget, rows: list,
                 return
             row = {"shape": shape.name, "config": name, "changes": changes}
             try:
-                with configured(changes):
+                with within(changes):
                     out = _scan(inp)
                     row["kernels_ms"] = times(lambda: _scan(inp))
+                    row.update(outputs(shape.name, name, out) if outputs else {})
             except Exception as error:  # a configuration the GPU refuses (shared memory, registers)
                 rows.append({**row, "error": f"{type(error).__name__}: {error}"[:300]})
                 continue
@@ -143,9 +146,10 @@ def measure_reduced(configs: dict, rows: list, device: torch.device) -> None:
                      "within_bound": max(errors.values()) <= BOUND[inp["x"].dtype]})
 
 
-def compiled(configs: dict, shape, ntokens: int, rows: list) -> None:
-    """Rows: per configuration, each kernel it launches differently from the default (all five
-    for the default) compiled for sm_90a: registers, spills, shared memory, programs an SM."""
+def compiled(configs: dict, shape, ntokens: int, rows: list, within=configured) -> None:
+    """Rows: per configuration (run within(changes)), each kernel it launches differently from the
+    first's (all five for the first) compiled for sm_90a: registers, spills, shared memory,
+    programs an SM."""
     from triton_static import sass
     from triton_static.launches import compile_launch, recording
     from triton_static.model import resident_programs
@@ -156,9 +160,9 @@ def compiled(configs: dict, shape, ntokens: int, rows: list) -> None:
     default = None
     for name, changes in configs.items():
         launches = []
-        with triton_path_on_cpu(), recording(launches), configured(changes):
+        with triton_path_on_cpu(), recording(launches), within(changes):
             _scan(inp)
-        keys = {launch.kernel: (launch.options, launch.constexprs) for launch in launches}
+        keys = {launch.kernel: (launch.options, launch.constexprs, id(launch.fn)) for launch in launches}
         for launch in launches:
             if default is not None and default[launch.kernel] == keys[launch.kernel]:
                 continue

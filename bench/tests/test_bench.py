@@ -1,6 +1,6 @@
 """The benchmarks' reduced mode, as CI runs it: bench/gpu_suite.sh --dry-run into a temporary
-folder (the tests it would run on a GPU listed, bench.scan, bench.sweep and bench.serve reduced, then
-the summary), and the pieces it is built from.
+folder (the tests it would run on a GPU listed, bench.scan, bench.sweep, bench.ablate and
+bench.serve reduced, then the summary), and the pieces it is built from.
 
 On CPU every output must be labelled CPU; on a GPU machine the same run is reduced but labelled
 with the GPU (the GPU suite itself leaves this file out: it runs the benchmarks at full size).
@@ -48,7 +48,8 @@ def test_dry_run_writes_every_file(dry_run):
     out, _ = dry_run
     for name in ("scan.json", "scan.md", "serve.json", "serve.md", "logs/steps.tsv", "logs/env.log",
                  "logs/tests.txt", "logs/accuracy.log", "logs/host.log", "host/host.md", "logs/chain.log",
-                 "chain/chain.md", "logs/scan.log", "logs/sweep.log", "sweep/sweep.md", "logs/serve.log"):
+                 "chain/chain.md", "logs/scan.log", "logs/sweep.log", "sweep/sweep.md", "logs/ablate.log",
+                 "ablate/ablate.md", "logs/serve.log"):
         assert (out / name).stat().st_size > 0, name
     pngs = ("scan_throughput.png", "scan_decode.png", "serve_policies.png", "serve_measured.png")
     if HAS_MATPLOTLIB:

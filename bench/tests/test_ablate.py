@@ -1,0 +1,54 @@
+"""bench.ablate: every variant's edits apply where they are meant to, the unchanged copy gives the
+real output kernel's bits, a variant reaches the pass, and its GPU bookkeeping (run here under the
+interpreter, with a stand-in timer)."""
+import json
+
+import pytest
+import torch
+
+from bench import ablate, sweep
+from bench import workloads as wl
+from bench.common import Budget
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton's tensors
+
+
+def test_each_edit_applies_once_inside_the_output_program():
+    for name, edits in ablate.VARIANTS.items():
+        source = ablate.variant_source(edits)
+        program = source[source.index(f"def {ablate.PROGRAM}("):]
+        for old, new in edits:
+            assert new in program and old not in program[:program.index("\n@triton.jit")], name
+        assert "from ssm_kernels._triton import" in source and "from .." not in source
+    with pytest.raises(ValueError, match="not one"):
+        ablate.variant_source([("acc", "acc")])  # many copies
+
+
+def test_the_unchanged_copy_is_bitwise_and_an_ablation_reaches_the_pass(tmp_path):
+    assert ablate.main(["--reduced", "--out", str(tmp_path)]) == 0
+    found = json.loads((tmp_path / "ablate.json").read_text())["rows"]
+    rows = {r["variant"]: r["bitwise"] for r in found}
+    assert list(rows) == list(ablate.VARIANTS)
+    assert rows["unchanged"]
+    assert not rows["no inter-chunk term (C S0^T: its loads and matmul)"]
+
+
+def test_the_gpu_measurement_sets_each_variant_beside_the_unchanged_copy():
+    def times(call):  # a stand-in for kernel_times: runs the pass, reports the swapped kernel's name
+        call()
+        from ssm_kernels.scan.mamba2_chunked import triton_kernel
+        slow = triton_kernel._chunk_output_kernel.fn.__module__ == "ablated_unchanged"
+        return {ablate.KERNEL: 2.0 if slow else 1.0, "_chunk_cb_kernel": 1.0}
+    rows, names = [], ["unchanged", "no exp in the diagonal block's weights"]
+    sweep.measure_gpu({n: n for n in names}, wl.REDUCED_SHAPES[:1], 300, Budget(None), rows, device=DEVICE,
+                      times=times, within=ablate.ablated, outputs=lambda shape, name, got: {"seen": name})
+    assert [(r["config"], r["seen"], r["kernels_ms"][ablate.KERNEL]) for r in rows] == [
+        ("unchanged", "unchanged", 2.0), (names[1], names[1], 1.0)]
+
+
+def test_the_suites_summary_lists_each_variant_against_the_unchanged_copy():
+    from bench.summary import ablate_line
+    rows = [{"shape": "A", "config": "unchanged", "output_vs_unchanged": 1.0},
+            {"shape": "A", "config": "no inter-chunk term (C S0^T)", "output_vs_unchanged": 0.7},
+            {"shape": "A", "config": "broken", "error": "OutOfResources"}]
+    assert ablate_line({"rows": rows}).endswith("A: no inter-chunk term 0.70x")
