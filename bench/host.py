@@ -17,8 +17,8 @@ first launch, launches, torch kernels and views dispatched, and allocations (out
 no input shares); a step's batch is built before its layers (prefill_batch's own time is its own
 row), from host lengths and captures as the vLLM plugin builds it, and the layers are called as the
 plugin calls them: the first with validate=True, the later ones with validate=False. Each step is a
-new prompt (other lengths). The public scan (`mamba2_scan`, recurrent and chunked) and decode
-steps (`selective_state_update`, `causal_conv1d_update`) are called as a model's layers call them
+new prompt (other lengths). The public scans (`mamba2_scan` recurrent and chunked, `mamba1_scan`
+chunked) and decode steps (`selective_state_update`, `causal_conv1d_update`) are called as a model's layers call them
 (ssm_kernels.layers, the transformers adapters): every layer a whole call, with new outputs; the
 chunked scan's later layers take the chunk tables the first one made; each public call's second
 and third record their launches and the later ones replay them (tables.recent_pass,
@@ -54,7 +54,8 @@ from triton.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
 from triton_static.launches import TARGET, recording  # noqa: E402
 
-from ssm_kernels import cache_ops, causal_conv1d_update, mamba2_scan, selective_state_update  # noqa: E402
+from ssm_kernels import (cache_ops, causal_conv1d_update, mamba1_scan, mamba2_scan,  # noqa: E402
+                         selective_state_update)
 from ssm_kernels import _replay as replay  # noqa: E402
 
 from .common import RESULTS_DIR, cpu_name, git_commit, markdown_table, save_results  # noqa: E402
@@ -157,7 +158,7 @@ def calls(s) -> dict:
 
 
 def public_calls(s) -> dict:
-    """The public scan as a model's layers call it (ssm_kernels.layers, the transformers adapters):
+    """The public scans as a model's layers call them (ssm_kernels.layers, the transformers adapters):
     each layer a pass over the step's sequences (cu_seqlens on the device, initial states, the
     step's two captures, the rows' start positions), new outputs each call; and the decode steps
     of one token a sequence, the scan's on a float32 state and the conv's, a slot a sequence,
@@ -176,8 +177,13 @@ def public_calls(s) -> dict:
         dt_softplus=True, backend="triton")
     conv_step = lambda validate: causal_conv1d_update(s["xbc"][:, :d].T, conv_state, s["w"], activation="silu",
                                                       backend="triton")
+    packed1 = {k: s[k].unsqueeze(0) for k in ("u", "delta", "B1", "C1")}
+    mamba1 = lambda validate: mamba1_scan(
+        packed1["u"], packed1["delta"], s["A1"], packed1["B1"], packed1["C1"], delta_softplus=True,
+        cu_seqlens=seqs.cu_seqlens, capture=CAPTURES, backend="triton", algorithm="chunked", chunk_size=CHUNK,
+        start_positions=START_POSITIONS)
     return {"mamba2_scan recurrent": mamba2("recurrent"), "mamba2_scan chunked": mamba2("chunked"),
-            "selective_state_update": decode, "causal_conv1d_update": conv_step}
+            "mamba1_scan chunked": mamba1, "selective_state_update": decode, "causal_conv1d_update": conv_step}
 
 
 def scan_at_2p7b(algorithm: str):
@@ -195,6 +201,7 @@ def public_cases() -> dict:
     layer = calls(_step(torch.device("cpu")))
     return {"bench.host's mamba2_scan chunked": layer["mamba2_scan chunked"],
             "bench.host's mamba2_scan recurrent": layer["mamba2_scan recurrent"],
+            "bench.host's mamba1_scan chunked": layer["mamba1_scan chunked"],
             "bench.host's selective_state_update": layer["selective_state_update"],
             "bench.host's causal_conv1d_update": layer["causal_conv1d_update"],
             "2.7B, 8192 tokens, chunked": scan_at_2p7b("chunked"),

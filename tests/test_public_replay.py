@@ -13,7 +13,7 @@ from ssm_kernels import (_common, _replay, causal_conv1d, causal_conv1d_update, 
                          selective_state_update)
 from ssm_kernels.conv import conv1d
 from ssm_kernels._common import Sequences, make_capture_table
-from ssm_kernels.scan import dispatch, mamba2_chunked
+from ssm_kernels.scan import dispatch, mamba1_chunked, mamba2_chunked
 from ssm_kernels.scan.mamba2_chunked import tables as chunk_tables
 from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
 
@@ -149,14 +149,14 @@ def test_no_replay_while_a_graph_is_captured(monkeypatch, runs, device):
 
 
 # -------------------------------------------------------------------------------------------
-# The recurrent kernel's public calls: mamba2_scan and mamba1_scan recurrent, the decode step
+# The other public calls: the recurrent scans, Mamba-1 chunked, the decode steps, the conv
 # -------------------------------------------------------------------------------------------
 @pytest.fixture
 def recurrent_runs(monkeypatch):
-    """How many public calls ran the recurrent or the conv kernel's host code (the rest were
-    replayed)."""
+    """How many public calls ran the recurrent, Mamba-1 chunked or conv kernels' host code (the
+    rest were replayed)."""
     count = [0]
-    for module in (dispatch, conv1d):
+    for module in (dispatch, mamba1_chunked, conv1d):
         def counted(p, *table, real=module.run_triton):
             count[0] += 1
             real(p, *table)
@@ -215,7 +215,10 @@ def _conv_step(device):
     return call
 
 
-RECURRENT = {"mamba2_scan varlen": _mamba2, "mamba1_scan groups": _mamba1, "decode step": _decode,
+RECURRENT = {"mamba2_scan varlen": _mamba2, "mamba1_scan groups": _mamba1,
+             "mamba1_scan chunked, start positions": lambda device: _mamba1(
+                 device, algorithm="chunked", chunk_size=16, start_positions=[5, 0]),
+             "decode step": _decode,
              "decode step, bfloat16 pool": lambda device: _decode(device, torch.bfloat16),
              "causal_conv1d varlen": _conv, "causal_conv1d_update": _conv_step}
 

@@ -62,11 +62,12 @@ def test_the_public_chunked_scan_plans_in_its_first_layer_and_replays_from_its_f
     assert later["us"] < chunked["third"]["us"]
 
 
-@pytest.mark.parametrize("op", ["mamba2_scan recurrent", "selective_state_update", "causal_conv1d_update"])
-def test_the_public_recurrent_calls_replay_from_their_fourth(rows, op):
-    """The recurrent and conv kernels' public calls record in their second and third layers and replay in
-    the later ones: their outputs (and a prefill's dt table) allocated, no other torch kernel, no
-    more views, less time."""
+@pytest.mark.parametrize("op", ["mamba2_scan recurrent", "mamba1_scan chunked", "selective_state_update",
+                                "causal_conv1d_update"])
+def test_the_other_public_calls_replay_from_their_fourth(rows, op):
+    """The recurrent, Mamba-1 chunked and conv kernels' public calls record in their second and third
+    layers and replay in the later ones: their outputs (and a prefill's scratch) allocated, no other
+    torch kernel, no more views, less time."""
     row = rows[op]
     assert all(row[part]["launches"] == (2 if "scan" in op else 1) for part in ("first", "second", "third", "later"))
     later = row["later"]

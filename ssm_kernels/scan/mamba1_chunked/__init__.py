@@ -12,6 +12,7 @@ Design and cost: docs/chunked.md.
 """
 from __future__ import annotations
 
+from ... import _replay
 from ..algorithm import ALGORITHMS, ChunkedRules
 from ..problem import ScanProblem
 from .torch_kernel import run_torch
@@ -30,8 +31,14 @@ resolve_algorithm = RULES.resolve_algorithm
 
 
 def run(problem: ScanProblem, backend: str, chunk_size: int, start_positions: list[int]) -> None:
-    """Run a validated mamba1_scan problem with the chunked algorithm on a resolved backend."""
-    (run_triton if backend == "triton" else run_torch)(problem, chunk_size, start_positions)
+    """Run a validated mamba1_scan problem with the chunked algorithm on a resolved backend; on
+    Triton, from a layout's fourth call on, its launches replayed (_replay.run_public)."""
+    if backend != "triton":
+        run_torch(problem, chunk_size, start_positions)
+        return
+    op, tensors = problem.replay_key()
+    _replay.run_public(problem.x.device, ("mamba1 chunked", chunk_size, tuple(start_positions)) + op, tensors,
+                       lambda: run_triton(problem, chunk_size, start_positions))
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "AUTO_CHUNKED_MIN_TOKENS", "check_chunk_size",

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._common import CaptureTable, int_tables
+from ..._common import CaptureTable, recent_ints
 from ..._triton import (flags_for, EXACT_ROUNDING, as_f32, cast_for_store, discretize_dt, exp2_flush, fma_chain,
                         launch, ptr_or, row_slots, sequence_span, strides_or_zeros)
 from ..problem import ScanProblem
@@ -289,7 +289,7 @@ def new_workspace(p: ScanProblem, chunk: int, start_positions: list[int]) -> Wor
     nchunks = max((triton.cdiv(phase + n, chunk) if n else 0 for n, phase in zip(p.seqs.lengths, phases)), default=0)
     stage_dtype = p.B.dtype if p.B.dtype == p.C.dtype else torch.float32
     return Workspace(nr, nl, nchunks,
-                     int_tables(p.x.device, phases)[0] if any(phases) else None,
+                     recent_ints(tuple(phases), p.x.device) if any(phases) else None,  # one copy for like calls
                      torch.empty(len(phases), nchunks, p.x.shape[2], 2, nr * nl, chunk, dtype=stage_dtype,
                                  device=p.x.device))
 
