@@ -17,12 +17,12 @@ A recording is void where a tensor it passed a kernel is another view of a call'
 at its address), or two of the call's tensors share an address. After three recordings without
 agreement the op runs as it is for the rest of the step.
 
-The public scans replay too, with fresh scratch (fresh=True): the chunked Mamba-2 scan
-(mamba2_chunked.run; its `launches` live with the pass's recent chunk tables), and the recurrent
-kernel's and the conv kernel's calls, prefill passes and decode steps (run_public). Their
-scratch (the chunked workspace, the recurrent kernel's dt table) is allocated anew for
-each replay, as the call allocated it (sizes, dtypes, the offsets of its views), so nothing the
-cache keeps holds device memory. There the first call of a layout runs without recording (a layout
+The public calls replay too, with fresh scratch (fresh=True): the chunked Mamba-2 scan
+(mamba2_chunked.run; its `launches` live with the pass's recent chunk tables), and the others,
+prefill passes and decode steps: the recurrent, Mamba-1 chunked and conv kernels' (run_public).
+Their scratch (the chunked workspaces, the recurrent kernel's dt table) is allocated anew for each
+replay, as the call allocated it (sizes, dtypes, the offsets of its views), so nothing the cache
+keeps holds device memory. There the first call of a layout runs without recording (a layout
 called once pays nothing), the second is watched (only a watched call tells which tensors it
 allocated) and the third, unwatched, is checked against it: where the watched call had scratch,
 a tensor laid out as that scratch (dtype, storage size, offset).
