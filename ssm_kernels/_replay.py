@@ -77,11 +77,18 @@ _DEFAULTS: dict = {}
 
 
 class RecentLayouts(dict):
-    """An op's `launches` kept for its last `size` layouts (the oldest added goes first)."""
+    """An op's `launches` kept for the `size` layouts called last (the least recent goes first)."""
 
     def __init__(self, size: int):
         super().__init__()
         self.size = size
+
+    def get(self, key, default=None):
+        entry = self.pop(key, None)
+        if entry is None:
+            return default
+        super().__setitem__(key, entry)  # now the most recent
+        return entry
 
     def __setitem__(self, key, entry) -> None:
         super().__setitem__(key, entry)
@@ -95,8 +102,8 @@ _public = RecentLayouts(RECENT_LAYOUTS)  # the public calls' launches
 
 def run_public(device: torch.device, op: tuple, tensors: tuple, call: Callable[[], None]) -> None:
     """run() for a public call's Triton path (op names the path): from a layout's fourth call
-    (a model's fourth layer) its launches replayed with fresh scratch; those of the last
-    RECENT_LAYOUTS layouts kept on each stream, none while a CUDA graph is captured."""
+    (a model's fourth layer) its launches replayed with fresh scratch; those of the RECENT_LAYOUTS
+    layouts called last kept (a stream's own), none while a CUDA graph is captured."""
     keep, stream = _common.cache_stream(device)
     run(_public if keep else {}, op + (stream,), tensors, call, fresh=True)
 

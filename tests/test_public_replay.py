@@ -258,8 +258,8 @@ def test_a_recurrent_call_that_differs_from_the_replayed_one_runs_as_itself(chan
 
 def test_the_recurrent_calls_keep_their_last_layouts_and_none_under_graph_capture(monkeypatch, recurrent_runs,
                                                                                  device):
-    """A layout beyond the last RECENT_LAYOUTS is recorded again; under CUDA graph capture every
-    call runs as it is."""
+    """A layout not among the RECENT_LAYOUTS called last is recorded again; under CUDA graph
+    capture every call runs as it is."""
     monkeypatch.setattr(_replay, "_public", _replay.RecentLayouts(2))
     layouts = [lambda: _mamba2(device), lambda: _mamba2(device, dt_limit=(0.0, 1.0)),
                lambda: _mamba2(device, dt_limit=(0.0, 2.0))]
@@ -272,6 +272,8 @@ def test_the_recurrent_calls_keep_their_last_layouts_and_none_under_graph_captur
     layouts[1]()()
     assert recurrent_runs[0] == 9
     layouts[0]()()
+    assert recurrent_runs[0] == 10
+    layouts[1]()()  # called lately: kept while the first's come back
     assert recurrent_runs[0] == 10
     monkeypatch.setattr(_common, "cache_stream", lambda device: (False, None))
     for _ in range(4):
