@@ -26,10 +26,8 @@ from . import use_triton_interpreter
 
 use_triton_interpreter(False if "--compile" in sys.argv[1:] else None)  # before triton is imported
 
-import argparse  # noqa: E402
 import atexit  # noqa: E402
 import contextlib  # noqa: E402
-import datetime  # noqa: E402
 import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import re  # noqa: E402
@@ -42,8 +40,7 @@ import torch  # noqa: E402
 
 from . import sweep  # noqa: E402
 from . import workloads as wl  # noqa: E402
-from .common import (RESULTS_DIR, Budget, Terminated, bench_device, git_commit, install_sigterm_handler,  # noqa: E402
-                     markdown_table, save_results)
+from .common import Budget, Terminated, bench_device, markdown_table, save_results  # noqa: E402
 
 KERNEL = "_chunk_output_kernel"
 PROGRAM = "_chunk_output_program"
@@ -159,22 +156,10 @@ def markdown(mode: str, rows: list, env: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ablate", description=__doc__.split("\n")[0])
-    how = parser.add_mutually_exclusive_group()
-    how.add_argument("--compile", action="store_true", help="compile each variant for sm_90a (no GPU needed)")
-    how.add_argument("--reduced", action="store_true", help="each variant under the interpreter, small")
+    parser = sweep.mode_parser("python -m bench.ablate", __doc__, "variant")
     parser.add_argument("--shapes", type=int, default=1, help="how many of the Mamba-2 shapes (GPU)")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds for the GPU measurements")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    mode = "compile" if args.compile else "reduced" if args.reduced else "gpu"
-    if mode == "gpu" and not torch.cuda.is_available():
-        parser.error("no CUDA device: pass --compile or --reduced")
-    install_sigterm_handler()
-    date = datetime.date.today().isoformat()
-    out = args.out or RESULTS_DIR / (f"{date}-ablate" + ("" if mode == "gpu" else f"-{mode}"))
-    env = {"device": torch.cuda.get_device_name() if mode != "compile" and torch.cuda.is_available() else "CPU",
-           "date": date, **git_commit()}
+    mode, out, env = sweep.mode_setup(parser, args, "ablate")
     rows: list = []
     try:
         if mode == "compile":

@@ -226,6 +226,17 @@ def timed_blocks(cases: dict, modes: dict, blocks: int, calls: int, warmup: int)
                   f"(medians of {blocks * calls} calls each)")
 
 
+def replay_ab(blocks: int = 20, calls: int = 10) -> None:
+    """The public calls' host time (public_cases) with their launches replayed and with the replay
+    bypassed (each call runs its host code and Triton's argument binding), timed_blocks in one run,
+    every call after three like it (a model's fourth and later layers)."""
+    torch.set_num_threads(1)
+    bypassed = lambda: mock.patch.object(replay, "run", lambda launches, op, tensors, call, fresh=False: call())
+    # warm-up: a plain call, two recordings, a replay; each kernel's binder
+    timed_blocks(public_cases(), {"replayed": contextlib.nullcontext, "not replayed": bypassed}, blocks, calls,
+                 warmup=4)
+
+
 _BACKEND = make_backend(TARGET)
 _binders: dict = {}
 _first_launch: list[float] = []  # when the call being timed launched first

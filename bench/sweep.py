@@ -209,23 +209,36 @@ def markdown(mode: str, rows: list, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__.split("\n")[0])
+def mode_parser(prog: str, doc: str, what: str) -> argparse.ArgumentParser:
+    """The command line bench.sweep and bench.ablate share: a GPU run, --compile or --reduced;
+    --time-budget, --out."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     how = parser.add_mutually_exclusive_group()
-    how.add_argument("--compile", action="store_true", help="compile each configuration for sm_90a (no GPU needed)")
-    how.add_argument("--reduced", action="store_true", help="run each configuration under the interpreter, small")
-    parser.add_argument("--only", default="", help="the configurations whose names contain this (and the default)")
+    how.add_argument("--compile", action="store_true", help=f"compile each {what} for sm_90a (no GPU needed)")
+    how.add_argument("--reduced", action="store_true", help=f"run each {what} under the interpreter, small")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds for the GPU measurements")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def mode_setup(parser: argparse.ArgumentParser, args, name: str) -> tuple[str, Path, dict]:
+    """(mode, results folder, environment) of a mode_parser command line; SIGTERM handled."""
     mode = "compile" if args.compile else "reduced" if args.reduced else "gpu"
     if mode == "gpu" and not torch.cuda.is_available():
         parser.error("no CUDA device: pass --compile or --reduced")
     install_sigterm_handler()
     date = datetime.date.today().isoformat()
-    out = args.out or RESULTS_DIR / (f"{date}-sweep" + ("" if mode == "gpu" else f"-{mode}"))
+    out = args.out or RESULTS_DIR / (f"{date}-{name}" + ("" if mode == "gpu" else f"-{mode}"))
     env = {"device": torch.cuda.get_device_name() if mode != "compile" and torch.cuda.is_available() else "CPU",
            "date": date, **git_commit()}
+    return mode, out, env
+
+
+def main(argv=None) -> int:
+    parser = mode_parser("python -m bench.sweep", __doc__, "configuration")
+    parser.add_argument("--only", default="", help="the configurations whose names contain this (and the default)")
+    args = parser.parse_args(argv)
+    mode, out, env = mode_setup(parser, args, "sweep")
     configs = {name: changes for name, changes in CONFIGS.items() if name == "default" or args.only in name}
     rows: list = []
     try:
