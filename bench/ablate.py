@@ -83,17 +83,19 @@ def variant_source(edits: list[tuple[str, str]]) -> str:
                   "import", source, flags=re.M)
 
 
-_DIR: list[Path] = []
+@functools.cache
+def _variants_dir() -> Path:
+    """Where the variant modules are written, removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="ablate-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 @functools.cache
 def variant(name: str):
     """VARIANTS[name] as a module of its own (a file, as Triton reads a kernel's source)."""
-    if not _DIR:
-        _DIR.append(Path(tempfile.mkdtemp(prefix="ablate-")))
-        atexit.register(shutil.rmtree, _DIR[0], True)
     slug = re.sub(r"\W+", "_", name).strip("_")
-    path = _DIR[0] / f"ablated_{slug}.py"
+    path = _variants_dir() / f"ablated_{slug}.py"
     path.write_text(variant_source(VARIANTS[name]))
     spec = importlib.util.spec_from_file_location(f"ablated_{slug}", path)
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up

@@ -100,12 +100,15 @@ RECENT_LAYOUTS = 32
 _public = RecentLayouts(RECENT_LAYOUTS)  # the public calls' launches
 
 
-def run_public(device: torch.device, op: tuple, tensors: tuple, call: Callable[[], None]) -> None:
-    """run() for a public call's Triton path (op names the path): from a layout's fourth call
-    (a model's fourth layer) its launches replayed with fresh scratch; those of the RECENT_LAYOUTS
-    layouts called last kept (a stream's own), none while a CUDA graph is captured."""
-    keep, stream = _common.cache_stream(device)
-    run(_public if keep else {}, op + (stream,), tensors, call, fresh=True)
+def run_public(path: tuple, problem, call: Callable[[], None]) -> None:
+    """run() for a public call's Triton path on `problem` (a ScanProblem or ConvProblem, whose
+    replay_key says what decides its launches; `path` names the path, with any setting of its own):
+    from a layout's fourth call (a model's fourth layer) its launches replayed with fresh scratch;
+    those of the RECENT_LAYOUTS layouts called last kept (a stream's own), none while a CUDA graph
+    is captured."""
+    keep, stream = _common.cache_stream(problem.x.device)
+    op, tensors = problem.replay_key()
+    run(_public if keep else {}, path + op + (stream,), tensors, call, fresh=True)
 
 
 def _defaults(kernel) -> dict:

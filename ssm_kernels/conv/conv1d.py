@@ -50,8 +50,7 @@ def _run(problem: ConvProblem, backend: str) -> None:
     if backend != "triton":
         run_torch(problem)
         return
-    op, tensors = problem.replay_key()
-    _replay.run_public(problem.x.device, ("conv",) + op, tensors, lambda: run_triton(problem))
+    _replay.run_public(("conv",), problem, lambda: run_triton(problem))
 
 
 def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None, cu_seqlens=None,

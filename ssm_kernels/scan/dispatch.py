@@ -31,8 +31,7 @@ def run_public(problem: ScanProblem, backend: str) -> None:
     if backend != "triton":
         run_torch(problem)
         return
-    op, tensors = problem.replay_key()
-    _replay.run_public(problem.x.device, ("scan",) + op, tensors, lambda: run_triton(problem))
+    _replay.run_public(("scan",), problem, lambda: run_triton(problem))
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,7 @@ def run(problem: ScanProblem, backend: str, chunk_size: int, start_positions: li
     if backend != "triton":
         run_torch(problem, chunk_size, start_positions)
         return
-    op, tensors = problem.replay_key()
-    _replay.run_public(problem.x.device, ("mamba1 chunked", chunk_size, tuple(start_positions)) + op, tensors,
+    _replay.run_public(("mamba1 chunked", chunk_size, tuple(start_positions)), problem,
                        lambda: run_triton(problem, chunk_size, start_positions))
 
 
