@@ -18,12 +18,12 @@ no input shares); a step's batch is built before its layers (prefill_batch's own
 row), from host lengths and captures as the vLLM plugin builds it, and the layers are called as the
 plugin calls them: the first with validate=True, the later ones with validate=False. Each step is a
 new prompt (other lengths). The public scans (`mamba2_scan` recurrent and chunked, `mamba1_scan`
-chunked) and decode steps (`selective_state_update`, `causal_conv1d_update`) are called as a model's layers call them
-(ssm_kernels.layers, the transformers adapters): every layer a whole call, with new outputs; the
-chunked scan's later layers take the chunk tables the first one made; each public call's second
-and third record their launches and the later ones replay them (tables.recent_pass,
-_replay.run_public). A warm-up step first, so that one-time work (each kernel's binder) is not
-counted.
+chunked) and decode steps (`selective_state_update`, `causal_conv1d_update`) are called as a
+model's layers call them (ssm_kernels.layers, the transformers adapters): every layer a whole
+call, with new outputs; the chunked scan's later layers take the chunk tables the first one made;
+each public call's second and third record their launches and the later ones replay them
+(tables.recent_pass, _replay.run_public). A warm-up step first, so that one-time work (each
+kernel's binder) is not counted.
 
 Times are this machine's wall time per call without the driver's launch cost: compare ops and
 layers within one run, not across machines. With --device cuda (on a GPU) the calls launch their
