@@ -544,9 +544,9 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
         return
     check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
     slots = state_indices.tolist()
-    for i, slot in enumerate(slots):
-        if not 0 <= slot < nslots:
-            raise ValueError(f"{name}[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
+    if slots and not 0 <= min(slots) <= max(slots) < nslots:  # the rows walked only to name a wrong one
+        i, slot = next((i, slot) for i, slot in enumerate(slots) if not 0 <= slot < nslots)
+        raise ValueError(f"{name}[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
     if len(set(slots)) != len(slots):
         raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
 
@@ -555,8 +555,9 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
     """The slots a decode batch reads (state_indices, default 0..batch-1) and writes
     (dst_state_indices, default the same) in a pool of nslots (None: not known, only >= 0 is
     checked): in range, or pad_slot_id in state_indices for a padded row; no two live rows writing
-    one slot, and no row writing a slot that another live row reads (the rows run in parallel)."""
-    in_range = lambda slot: 0 <= slot and (nslots is None or slot < nslots)
+    one slot, and no row writing a slot that another live row reads (the rows run in parallel).
+    (A decode step runs it on every call: the checks of a valid batch are set and min/max
+    operations; the rows are walked one by one only to name the first wrong one.)"""
     pad_slot_id = check_optional_int("pad_slot_id", pad_slot_id)
     if state_indices is None:
         if nslots is not None and batch > nslots:
@@ -565,32 +566,37 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
     else:
         check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
         sources = state_indices.tolist()
-    live = [b for b in range(batch) if sources[b] != pad_slot_id]
-    for b in live:
-        if not in_range(sources[b]):
-            raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
-                             + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
+    live = range(batch) if pad_slot_id is None else [b for b, slot in enumerate(sources) if slot != pad_slot_id]
+    in_range = lambda slots: not slots or (min(slots) >= 0 and (nslots is None or max(slots) < nslots))
+    live_sources = sources if len(live) == batch else [sources[b] for b in live]
+    if not in_range(live_sources):
+        b = next(b for b in live if not in_range([sources[b]]))
+        raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
+                         + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
     if dst_state_indices is None:
-        targets = sources
-        name = "state_indices"
+        targets, name = sources, "state_indices"
     else:
         check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
         if state_indices is not None and dst_state_indices.device != state_indices.device:
             raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
                              f"{state_indices.device}")
-        targets = dst_state_indices.tolist()
-        name = "dst_state_indices"
-        for b in live:
-            if not in_range(targets[b]):
-                raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with "
-                                 f"{nslots} slots")
-    written = [targets[b] for b in live]
+        targets, name = dst_state_indices.tolist(), "dst_state_indices"
+    written = targets if len(live) == batch else [targets[b] for b in live]
+    if dst_state_indices is not None and not in_range(written):
+        b = next(b for b in live if not in_range([targets[b]]))
+        raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
     if len(set(written)) != len(written):
         raise ValueError(f"{name} must be distinct over the rows that are not padding: two rows updating one "
                          "slot would race")
+    # A row may write the slot it reads. Where each does (dst_state_indices None, or equal to
+    # state_indices on the live rows), the written slots being distinct leaves no race.
+    if written == live_sources:
+        return
+    shared = set(written) & set(live_sources)
     readers: dict[int, list[int]] = {}
-    for b in live:
-        readers.setdefault(sources[b], []).append(b)
+    for a in live:
+        if sources[a] in shared:
+            readers.setdefault(sources[a], []).append(a)
     for b in live:
         other = [a for a in readers.get(targets[b], ()) if a != b]
         if other:

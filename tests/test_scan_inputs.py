@@ -105,7 +105,7 @@ def test_torch_default_device_does_not_move_the_host_tables(algorithm):
     try:
         got = mamba2_scan(*args, **kw, cu_seqlens=cu, capture=[(0, 1), (1, 20)], algorithm=algorithm, **chunk)
     finally:
-        torch.set_default_device("cpu")
+        torch.set_default_device(None)  # no default-device mode left behind
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
@@ -264,6 +264,54 @@ def test_padded_rows_may_share_a_pad_slot_and_destination():
     assert torch.equal(y[[0, 2]], torch.zeros_like(y[[0, 2]]))
     assert torch.equal(state[[0, 1, 3]], before[[0, 1, 3]]) and not torch.equal(state[2], before[2])
 
+
+
+def _decode_slot_error(sources, targets, pad, nslots):
+    """The first thing wrong with a decode batch's slots, row by row, as the docs define it (None
+    when nothing is): a live row's source or destination out of range, two live rows writing one
+    slot, a live row writing the slot another live row reads."""
+    live = [b for b, slot in enumerate(sources) if slot != pad]
+    for b in live:
+        if not 0 <= sources[b] < nslots:
+            return f"state_indices[{b}] = {sources[b]} is out of range"
+    for b in live:
+        if not 0 <= targets[b] < nslots:
+            return f"dst_state_indices[{b}] = {targets[b]} is out of range"
+    if len({targets[b] for b in live}) < len(live):
+        return "must be distinct over the rows that are not padding"
+    for b in live:
+        other = [a for a in live if a != b and sources[a] == targets[b]]
+        if other:
+            return f"dst_state_indices[{b}] = {targets[b]} is the slot row {other[0]} reads"
+    return None
+
+
+def test_decode_slot_checks_agree_with_their_row_by_row_definition():
+    """check_decode_slots (set operations, the rows walked only to name a wrong one) refuses
+    exactly the batches the row-by-row definition refuses, naming the same first row, on random
+    small batches with padding, explicit and default destinations."""
+    from ssm_kernels._common import check_decode_slots
+    rng = torch.Generator().manual_seed(0)
+    refused = 0
+    for case in range(3000):
+        batch, nslots = int(torch.randint(1, 6, (1,), generator=rng)), int(torch.randint(1, 8, (1,), generator=rng))
+        sources = torch.randint(-1, nslots + 1, (batch,), generator=rng)
+        kind = case % 3  # destinations: random, the sources (in place, explicit), none (default)
+        targets = torch.randint(-1, nslots + 1, (batch,), generator=rng) if kind == 0 else sources.clone()
+        pad = -1 if case % 2 else None
+        expected = _decode_slot_error(sources.tolist(), targets.tolist(), pad, nslots)
+        if expected is not None and kind == 2 and expected.startswith("dst_state_indices"):
+            expected = expected.replace("dst_state_indices", "state_indices")  # never reached: the sources fail first
+        try:
+            check_decode_slots(sources, None if kind == 2 else targets, pad, batch, nslots)
+            got = None
+        except ValueError as error:
+            got = str(error)
+        assert (got is None) == (expected is None), (sources, targets, pad, nslots, got, expected)
+        if expected is not None:
+            assert expected in got, (got, expected)
+            refused += 1
+    assert 500 < refused < 2500  # both outcomes well represented
 
 # -------------------------------------------------------------------------------------------
 # Every tensor argument type-checked; flags are bools; outputs beyond the device refused
