@@ -24,7 +24,7 @@ def tensors_on_the_backends_device(request, monkeypatch):
     monkeypatch.setitem(globals(), "INTERPRETED_TRITON", triton and not on_gpu)
     torch.set_default_device("cuda" if on_gpu else "cpu")
     yield
-    torch.set_default_device("cpu")
+    torch.set_default_device(None)  # no default-device mode left behind
 LENGTHS = [5, 0, 13, 1, 4]  # row 3 is a padded row (skipped)
 SLOTS = [4, 7, 1, -1, 6]
 HAS_INIT = [True, False, True, False, False]

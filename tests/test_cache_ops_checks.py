@@ -20,7 +20,7 @@ def tensors_on_the_backends_device(request):
     backend = request.node.callspec.params.get("backend") if hasattr(request.node, "callspec") else None
     torch.set_default_device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
     yield
-    torch.set_default_device("cpu")
+    torch.set_default_device(None)  # no default-device mode left behind
 
 
 def _mamba2(T):

@@ -40,7 +40,7 @@ def test_mamba2_chunked_prefill_on_an_engines_cache(device):
         for cache_dtype in (torch.float32, torch.bfloat16):
             test_cache_ops_chunked.test_mamba2_chunked_prefill_matches_public_chunked_scan("triton", cache_dtype, False)
     finally:
-        torch.set_default_device("cpu")
+        torch.set_default_device(None)  # no default-device mode left behind
 
 
 def _same(fused, five, what):

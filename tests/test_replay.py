@@ -278,7 +278,7 @@ def on_the_device():
     """Triton runs on CUDA tensors where there is a GPU, through the interpreter elsewhere."""
     torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")
     yield torch.get_default_device()
-    torch.set_default_device("cpu")
+    torch.set_default_device(None)  # no default-device mode left behind
 
 
 @pytest.mark.parametrize("name", OPS)
