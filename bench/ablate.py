@@ -4,11 +4,10 @@
 On the H200 (2026-12-04) the output kernel took 0.213 of the pass's 0.315 ms at Mamba-2 2.7B,
 8192 tokens: about four times what its bytes take at HBM bandwidth, and more than twice the static
 model's figure for it, whose gains for that kernel came out about four times what the GPU gave.
-So its parts are timed on the GPU by taking them out. Each VARIANTS entry is the kernel module's
-source with lines of `_chunk_output_program` replaced (each edit must match there once), loaded as
-a module of its own, whose output kernel stands in for the real one (stage 5 launches it; the
-other four stages are unchanged). A variant without a part computes a wrong y: only its time
-counts. "unchanged" has no edit: a copy of the kernel that must give the real one's bits.
+So its parts are timed on the GPU by taking them out: bench.output_variants makes the variants
+(the kernel with lines of `_chunk_output_program` replaced, standing in for the real one in stage
+5), and "unchanged", a copy that must give the real kernel's bits. The static model times the
+same variants: `python -m bench.static --workload ablation` (bench/README.md).
 
 On a GPU (default): at Mamba-2 2.7B (--shapes 3: the three Mamba-2 shapes), 8192 tokens,
 bfloat16, batch 1, each kernel's GPU time per variant (bench.sweep.measure_gpu), and the output
@@ -20,101 +19,36 @@ y against the real kernel's, bit for bit; no times). Results: ablate.json and ab
 """
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 from . import use_triton_interpreter
 
 use_triton_interpreter(False if "--compile" in sys.argv[1:] else None)  # before triton is imported
 
-import atexit  # noqa: E402
-import contextlib  # noqa: E402
-import functools  # noqa: E402
-import importlib.util  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-from unittest import mock  # noqa: E402
-
 import torch  # noqa: E402
 
 from . import sweep  # noqa: E402
 from . import workloads as wl  # noqa: E402
-from .common import Budget, Terminated, bench_device, markdown_table, save_results  # noqa: E402
+from .common import RESULTS_DIR, Budget, Terminated, bench_device, markdown_table, save_results  # noqa: E402
+from .output_variants import KERNEL, VARIANTS, ablated  # noqa: E402
 
-KERNEL = "_chunk_output_kernel"
-PROGRAM = "_chunk_output_program"
-NONFINITE = ('''        bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
-        acc += _dot(b_w, tl.where(bad, 0.0, b_x), DOT_DTYPE)
-        first_bad = tl.min(tl.where(bad, o_m[:, None], CHUNK), axis=0)  # [BP]
-        acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)''',
-             "        acc += _dot(b_w, b_x, DOT_DTYPE)")
-INTER = ("for d0 in range(0, dstate, BLOCK_D):", "for d0 in range(0, 0, BLOCK_D):")
-BELOW = ("for k0 in range(0, m0, BLOCK_M):", "for k0 in range(0, 0, BLOCK_M):")
-DIAGONAL_EXP = ('exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))',
-                "tl.where(causal, 1.0, 0.0)")
-# name: (old, new) edits of _chunk_output_program's source
-VARIANTS: dict[str, list[tuple[str, str]]] = {
-    "unchanged": [],
-    "no non-finite marking (the diagonal block's x straight into its matmul)": [NONFINITE],
-    "no inter-chunk term (C S0^T: its loads and matmul)": [INTER],
-    "no blocks below the diagonal (their loads, weights and matmuls)": [BELOW],
-    "no exp in the diagonal block's weights": [DIAGONAL_EXP],
-    "only the diagonal block (all four out)": [NONFINITE, INTER, BELOW, DIAGONAL_EXP],
-}
 NTOKENS = 8192
+# The static model of the same variants (python -m bench.static --workload "mamba2_scan chunked"
+# --workload ablation --shape 2.7B --tokens 8192), set beside what the GPU measures.
+MODELLED = RESULTS_DIR / "2026-12-05-static-ablation" / "static.json"
 
 
-def variant_source(edits: list[tuple[str, str]]) -> str:
-    """The kernel module's source with `edits` applied inside _chunk_output_program, its relative
-    imports made absolute (the copy is loaded from elsewhere)."""
-    from ssm_kernels.scan.mamba2_chunked import triton_kernel
-    source = Path(triton_kernel.__file__).read_text()
-    start = source.index(f"def {PROGRAM}(")
-    end = source.index("\n@triton.jit", start)
-    program = source[start:end]
-    for old, new in edits:
-        if program.count(old) != 1:
-            raise ValueError(f"{PROGRAM} holds {program.count(old)} copies of {old!r}, not one")
-        program = program.replace(old, new)
-    source = source[:start] + program + source[end:]
-    package = triton_kernel.__package__
-    return re.sub(r"^from (\.+\w*(?:\.\w+)*) import", lambda m: f"from {importlib.util.resolve_name(m[1], package)} "
-                  "import", source, flags=re.M)
-
-
-@functools.cache
-def _variants_dir() -> Path:
-    """Where the variant modules are written, removed at exit."""
-    path = Path(tempfile.mkdtemp(prefix="ablate-"))
-    atexit.register(shutil.rmtree, path, True)
-    return path
-
-
-@functools.cache
-def variant(name: str):
-    """VARIANTS[name] as a module of its own (a file, as Triton reads a kernel's source)."""
-    slug = re.sub(r"\W+", "_", name).strip("_")
-    path = _variants_dir() / f"ablated_{slug}.py"
-    path.write_text(variant_source(VARIANTS[name]))
-    spec = importlib.util.spec_from_file_location(f"ablated_{slug}", path)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
-
-
-@contextlib.contextmanager
-def ablated(name: str):
-    """Within, stage 5 of every chunked Mamba-2 pass launches VARIANTS[name]'s output kernel. The
-    recent passes' recorded launches are dropped on the way in and out, as bench.sweep's are."""
-    from ssm_kernels.scan.mamba2_chunked import tables, triton_kernel
-    kernel = getattr(variant(name), KERNEL)
-    tables._recent_tables.cache_clear()
-    try:
-        with mock.patch.object(triton_kernel, KERNEL, kernel):
-            yield
-    finally:
-        tables._recent_tables.cache_clear()
+def modelled_ratios(path: Path = MODELLED) -> dict[str, float]:
+    """Each variant's output kernel time against the real kernel's, modelled at Mamba-2 2.7B and
+    NTOKENS tokens: {variant: ratio}, "unchanged" 1."""
+    times = {c["workload"]: next(k["model"]["time_ms"] for k in c["kernels"] if k["kernel"] == KERNEL and k["chosen"])
+             for c in json.loads(path.read_text())["calls"]
+             if c["shape"] == wl.STANDARD_SHAPES[0].name and c["size"] == NTOKENS}
+    real = times["mamba2_scan chunked"]
+    return {"unchanged": 1.0, **{w.removeprefix("ablation: "): t / real for w, t in times.items()
+                                 if w.startswith("ablation: ")}}
 
 
 def measure_reduced(rows: list, device: torch.device) -> None:
@@ -144,12 +78,13 @@ def markdown(mode: str, rows: list, env: dict) -> str:
                                                           for r in rows])]
     else:
         lines += [f"GPU time of one pass's output kernel (torch.profiler), {NTOKENS} tokens, bfloat16, batch 1, "
-                  "per variant; 'vs unchanged': against the unchanged copy's at the shape. A variant "
+                  "per variant; 'vs unchanged': against the unchanged copy's at the shape; 'modelled': the "
+                  f"static model's ratio at {wl.STANDARD_SHAPES[0].name} ({MODELLED.parent.name}). A variant "
                   "without a part computes a wrong y: its time only.", "",
-                  markdown_table(["shape", "variant", "output kernel ms", "vs unchanged", "pass kernel ms",
-                                  "unchanged copy bitwise", "error"],
+                  markdown_table(["shape", "variant", "output kernel ms", "vs unchanged", "vs unchanged, modelled",
+                                  "pass kernel ms", "unchanged copy bitwise", "error"],
                                  [[r["shape"], r["config"], r.get("kernels_ms", {}).get(KERNEL),
-                                   r.get("output_vs_unchanged"), r.get("kernel_ms"),
+                                   r.get("output_vs_unchanged"), r.get("modelled_vs_unchanged"), r.get("kernel_ms"),
                                    {True: "yes", False: "no"}.get(r.get("copy_bitwise"), "-"), r.get("error", "")]
                                   for r in rows])]
     if env.get("incomplete"):
@@ -178,9 +113,12 @@ def main(argv=None) -> int:
                                   "copy_bitwise": torch.equal(got.y, real[shape].y)} if name == "unchanged" else {})
             unchanged = {r["shape"]: r["kernels_ms"][KERNEL] for r in rows if r["config"] == "unchanged"
                          and "kernels_ms" in r}
+            modelled = modelled_ratios()
             for r in rows:
                 if r["shape"] in unchanged and "kernels_ms" in r:
                     r["output_vs_unchanged"] = r["kernels_ms"][KERNEL] / unchanged[r["shape"]]
+                if r["shape"] == wl.STANDARD_SHAPES[0].name:
+                    r["modelled_vs_unchanged"] = modelled.get(r["config"])
             if budget.expired():
                 env["incomplete"] = "the time budget ran out"
     except Terminated as stop:

@@ -136,7 +136,7 @@ def plan(args) -> list[tuple]:
     jobs = []
     layers = [parse_layer(text) for text in args.layer] if args.layer else list(SHAPES.values())
     for w in WORKLOADS.values():
-        if not matches(w.name, args.workload, WORKLOADS):
+        if not matches(w.name, args.workload, WORKLOADS) or (w.ablation and not args.workload):
             continue
         for shape in shapes_for(w, layers):
             if not matches(shape.name, args.shape, [s.name for s in layers]):

@@ -45,6 +45,7 @@ class Workload:
     captures: int = 0
     chunked: bool = False  # its kernels work on chunks (as the prefill peer's always do): counted at 8 chunks and more
     mixed: bool = False  # it launches a mixed kernel (MIXED_KERNELS), whose every program is counted
+    ablation: bool = False  # a variant of a kernel, modelled only when a --workload filter names it
 
 
 def capture_offsets(tokens: int, count: int = 8, on_grid: bool = False) -> list[tuple[int, int]]:
@@ -89,6 +90,28 @@ def _scan(algorithm, captures, on_grid=False, fused=False):
                         capture=capture_offsets(tokens, on_grid=on_grid) if captures else None, backend="triton",
                         algorithm=algorithm, chunk_size=CHUNK)
     return run
+
+
+def _ablated(variant: str):
+    """The chunked Mamba-2 scan with bench.output_variants' `variant` as its output kernel."""
+    scan = _scan("chunked", False)
+
+    def run(shape, tokens, new):
+        from .output_variants import ablated
+        with ablated(variant):
+            scan(shape, tokens, new)
+    return run
+
+
+def _ablation_workloads() -> list[Workload]:
+    """A call per variant with an edit: "mamba2_scan chunked" is the unchanged kernel (an unchanged
+    copy compiles to the real kernel's cached binary, whose lines name the real module, while the
+    interpreter would count the copy's lines: its loops would go uncounted)."""
+    from .output_variants import VARIANTS
+    return [Workload(f"ablation: {variant}", "prefill", "mamba2", _ablated(variant), "mamba_chunk_scan_combined",
+                     f"mamba2_scan chunked with its output kernel's variant '{variant}' (bench.output_variants: a "
+                     "variant without a part computes a wrong y, only its cost counts)", chunked=True, ablation=True)
+            for variant, edits in VARIANTS.items() if edits]
 
 
 def _engine_prefill(captures, on_grid=False, fused=False):
@@ -181,6 +204,7 @@ WORKLOADS = {w.name: w for w in (
              "selective_scan_fn", "the same with 8 captures (the peer cannot capture)", captures=8, chunked=True),
     Workload("causal_conv1d", "prefill", "any", _conv, None, "width 4, bias, silu, on the layer's conv dim"),
     Workload("causal_conv1d_update", "decode", "any", _conv_update, None, "one decode token per row, width 4"),
+    *_ablation_workloads(),
 )}
 
 

@@ -81,7 +81,9 @@ def ablate_line(ablate: dict) -> str:
     for row in ablate["rows"]:
         if row.get("output_vs_unchanged") is not None and row["config"] != "unchanged":
             name = row["config"].split(" (")[0]
-            shapes.setdefault(row["shape"], []).append(f"{name} {row['output_vs_unchanged']:.2f}x")
+            modelled = row.get("modelled_vs_unchanged")
+            shapes.setdefault(row["shape"], []).append(f"{name} {row['output_vs_unchanged']:.2f}x"
+                                                       + ("" if modelled is None else f" (modelled {modelled:.2f}x)"))
     found = "; ".join(f"{shape}: {', '.join(parts)}" for shape, parts in shapes.items())
     return f"== bench.ablate, the output kernel without a part against the unchanged copy: {found or 'none measured'}"
 

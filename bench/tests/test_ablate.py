@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from bench import ablate, sweep
+from bench import ablate, output_variants, sweep
 from bench import workloads as wl
 from bench.common import Budget
 
@@ -15,13 +15,13 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton'
 
 def test_each_edit_applies_once_inside_the_output_program():
     for name, edits in ablate.VARIANTS.items():
-        source = ablate.variant_source(edits)
-        program = source[source.index(f"def {ablate.PROGRAM}("):]
+        source = output_variants.variant_source(edits)
+        program = source[source.index(f"def {output_variants.PROGRAM}("):]
         for old, new in edits:
             assert new in program and old not in program[:program.index("\n@triton.jit")], name
         assert "from ssm_kernels._triton import" in source and "from .." not in source
     with pytest.raises(ValueError, match="not one"):
-        ablate.variant_source([("acc", "acc")])  # many copies
+        output_variants.variant_source([("acc", "acc")])  # many copies
 
 
 def test_the_unchanged_copy_is_bitwise_and_an_ablation_reaches_the_pass(tmp_path):
@@ -52,3 +52,13 @@ def test_the_suites_summary_lists_each_variant_against_the_unchanged_copy():
             {"shape": "A", "config": "no inter-chunk term (C S0^T)", "output_vs_unchanged": 0.7},
             {"shape": "A", "config": "broken", "error": "OutOfResources"}]
     assert ablate_line({"rows": rows}).endswith("A: no inter-chunk term 0.70x")
+    rows[1]["modelled_vs_unchanged"] = 0.87
+    assert ablate_line({"rows": rows}).endswith("A: no inter-chunk term 0.70x (modelled 0.87x)")
+
+
+def test_the_modelled_ratios_name_every_variant():
+    """The committed static report of the variants (ablate.MODELLED) has a row for each variant
+    with an edit, each faster than the real kernel, modelled."""
+    ratios = ablate.modelled_ratios()
+    assert list(ratios) == list(ablate.VARIANTS)
+    assert ratios["unchanged"] == 1 and all(0 < r < 1 for name, r in ratios.items() if name != "unchanged")

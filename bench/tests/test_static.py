@@ -21,7 +21,8 @@ E = 2  # bytes per bfloat16 input element
 HBM, L2 = 4.3e12, 10e12  # bytes per second the model assumes (triton_static/model.py)
 TOKENS, BATCH = 3072, 8  # chunked calls are counted at 2048 and 4096 tokens, the others at 64 and 128
 LAYER = f"mamba2:nheads={H},headdim={P},dstate={N},ngroups={G}"
-WORKLOADS = ("mamba2_scan recurrent", "mamba2_scan chunked + 8 captures", "selective_state_update")
+ABLATION = "ablation: no blocks below the diagonal (their loads, weights and matmuls)"
+WORKLOADS = ("mamba2_scan recurrent", "mamba2_scan chunked + 8 captures", "selective_state_update", ABLATION)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,31 @@ def test_every_loop_was_counted(report):
         for e in call["kernels"]:
             assert all(lp["iterations_per_program"] is not None for lp in e["model"]["loops"]), e["label"]
     assert "WARNING" not in stdout
+
+
+def test_an_ablated_output_kernel_is_modelled_as_its_variant(report):
+    """bench.output_variants' variant stands in for the output kernel: its loops are counted (the
+    test above: the counting subprocess and the compiler read it from one path), it multiplies
+    less than the real one, and the other kernels are the plain pass's binaries."""
+    data, _, _ = report
+    (ablated,) = calls(data, ABLATION)
+    (plain,) = calls(data, "mamba2_scan chunked + 8 captures")
+    kernels = lambda call: {e["kernel"]: e for e in chosen(call)}
+    ours, real = kernels(ablated), kernels(plain)
+    assert ours.keys() == real.keys()
+    assert 0 < ours["_chunk_output_kernel"]["model"]["dot_flops"] < real["_chunk_output_kernel"]["model"]["dot_flops"]
+    binary = lambda e: (e["registers"], e["spill_bytes"], e["shared_bytes"], e["mma"])
+    assert all(binary(e) == binary(real[name]) for name, e in ours.items() if name != "_chunk_output_kernel")
+
+
+def test_ablations_are_modelled_only_when_named():
+    code = ("import argparse; from bench.static import plan; "
+            "ask = lambda w: {j[0].name for j in plan(argparse.Namespace(workload=w, layer=None, shape=['2.7B'], "
+            "tokens=[8192], batch=[64]))}; "
+            "print(any(n.startswith('ablation') for n in ask(None)), all(n.startswith('ablation') for n in "
+            "ask(['ablation'])), len(ask(['ablation'])))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["False", "True", "5"], out.stderr[-2000:]
 
 
 def test_registers_are_the_binaries_and_ptxas_reports_the_same(report):
