@@ -4,7 +4,9 @@ indices, with state_indices, and with dst_state_indices equal to them; launches 
 (bench.host), alternating blocks in one run. Run from the repository root:
 PYTHONPATH=$PWD:$PWD/tools python bench/results/2026-12-05-decode-checks/decode_checks_ab.py"""
 import contextlib
+import math
 import subprocess
+import timeit
 from unittest import mock
 
 import torch
@@ -57,6 +59,25 @@ def unvalidated():
         VALIDATE["on"] = True
 
 
+def each_check() -> None:
+    """What each of the call's checks takes alone at batch 4, no indices (timeit)."""
+    b, H, P, N = 4, 4, 16, 16
+    state, x, dt, A = torch.zeros(b, H, P, N), torch.randn(b, H, P), torch.rand(b, H), -torch.rand(H)
+    B, C, D, bias = torch.randn(b, 1, N), torch.randn(b, 1, N), torch.ones(H), torch.zeros(H)
+    read = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=None, dt_bias=bias, state_indices=None, dst_state_indices=None)
+    checks = {
+        "check_mamba2_args": lambda: mamba2.check_mamba2_args(x, dt, A, B, C, D, None, bias, token_dims=("batch",)),
+        "check_written": lambda: _common.check_written(dict(state=state), read),
+        "check_same_device": lambda: _common.check_same_device(state=state, **read),
+        "check_dt_limit": lambda: _common.check_dt_limit((0.0, math.inf)),
+        "check_decode_slots": lambda: _common.check_decode_slots(None, None, None, b, b),
+        "check_tensor (state)": lambda: _common.check_tensor("state", state, [("nslots", None), ("nheads", H),
+                                                                            ("headdim", P), ("dstate", N)]),
+    }
+    for name, check in checks.items():
+        print(f"{name}: {min(timeit.repeat(check, number=2000, repeat=5)) / 2000 * 1e6:.1f} us")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     before = check_before()
@@ -67,3 +88,5 @@ if __name__ == "__main__":
     print("now, validated against validate=False:")
     host.timed_blocks(cases(), {"validated": contextlib.nullcontext, "unvalidated": unvalidated},
                       blocks=20, calls=10, warmup=4)
+    print("each check alone, batch 4, no indices:")
+    each_check()
