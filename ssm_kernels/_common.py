@@ -534,6 +534,16 @@ def capture_table(entries, nseq: int, device: torch.device) -> CaptureTable:
     return CaptureTable(*int_tables(device, *lists), entries)
 
 
+def _first_out_of_range(slots: list[int], rows, nslots: int | None) -> int | None:
+    """The first of `rows` whose slot (slots[row]) is below 0 or not below nslots (None: no upper
+    bound), or None. A valid batch costs a min and a max (a decode step checks its slots on every
+    call); the rows are walked only to name a wrong one."""
+    used = slots if len(rows) == len(slots) else [slots[r] for r in rows]
+    if not used or (min(used) >= 0 and (nslots is None or max(used) < nslots)):
+        return None
+    return next(r for r in rows if slots[r] < 0 or (nslots is not None and slots[r] >= nslots))
+
+
 def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
                         name: str = "state_indices") -> None:
     """The slots a decode batch updates in place: `state_indices` (distinct, in range; called
@@ -544,9 +554,9 @@ def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
         return
     check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
     slots = state_indices.tolist()
-    if slots and not 0 <= min(slots) <= max(slots) < nslots:  # the rows walked only to name a wrong one
-        i, slot = next((i, slot) for i, slot in enumerate(slots) if not 0 <= slot < nslots)
-        raise ValueError(f"{name}[{i}] = {slot} is out of range for a {state_name} with {nslots} slots")
+    i = _first_out_of_range(slots, range(len(slots)), nslots)
+    if i is not None:
+        raise ValueError(f"{name}[{i}] = {slots[i]} is out of range for a {state_name} with {nslots} slots")
     if len(set(slots)) != len(slots):
         raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
 
@@ -556,8 +566,7 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
     (dst_state_indices, default the same) in a pool of nslots (None: not known, only >= 0 is
     checked): in range, or pad_slot_id in state_indices for a padded row; no two live rows writing
     one slot, and no row writing a slot that another live row reads (the rows run in parallel).
-    (A decode step runs it on every call: the checks of a valid batch are set and min/max
-    operations; the rows are walked one by one only to name the first wrong one.)"""
+    (A decode step runs it on every call: a valid batch's checks are set and min/max operations.)"""
     pad_slot_id = check_optional_int("pad_slot_id", pad_slot_id)
     if state_indices is None:
         if nslots is not None and batch > nslots:
@@ -567,10 +576,8 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
         check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
         sources = state_indices.tolist()
     live = range(batch) if pad_slot_id is None else [b for b, slot in enumerate(sources) if slot != pad_slot_id]
-    in_range = lambda slots: not slots or (min(slots) >= 0 and (nslots is None or max(slots) < nslots))
-    live_sources = sources if len(live) == batch else [sources[b] for b in live]
-    if not in_range(live_sources):
-        b = next(b for b in live if not in_range([sources[b]]))
+    b = _first_out_of_range(sources, live, nslots)
+    if b is not None:
         raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
                          + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
     if dst_state_indices is None:
@@ -581,10 +588,11 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
             raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
                              f"{state_indices.device}")
         targets, name = dst_state_indices.tolist(), "dst_state_indices"
-    written = targets if len(live) == batch else [targets[b] for b in live]
-    if dst_state_indices is not None and not in_range(written):
-        b = next(b for b in live if not in_range([targets[b]]))
+    b = None if dst_state_indices is None else _first_out_of_range(targets, live, nslots)
+    if b is not None:
         raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
+    written, live_sources = ((targets, sources) if len(live) == batch else
+                             ([targets[b] for b in live], [sources[b] for b in live]))
     if len(set(written)) != len(written):
         raise ValueError(f"{name} must be distinct over the rows that are not padding: two rows updating one "
                          "slot would race")
