@@ -25,11 +25,18 @@ def _load(path: Path):
         return None
 
 
-def steps_table(folder: Path) -> str | None:
+def step_rows(folder: Path) -> list[list[str]]:
+    """logs/steps.tsv's rows (step, exit status or "skipped", seconds); [] without it."""
     path = folder / "logs" / "steps.tsv"
     if not path.exists():
+        return []
+    return [line.split("\t") for line in path.read_text().splitlines()[1:] if line.strip()]
+
+
+def steps_table(folder: Path) -> str | None:
+    rows = step_rows(folder)
+    if not rows:
         return None
-    rows = [line.split("\t") for line in path.read_text().splitlines()[1:] if line.strip()]
     status = lambda rc: "ok" if rc == "0" else ("skipped" if rc == "skipped" else  # noqa: E731
                                                 ("TIMED OUT" if rc == "124" else f"FAILED (exit {rc})"))
     return "suite steps:\n" + text_table(["step", "status", "s"], [[r[0], status(r[1]), r[2]] for r in rows])
@@ -113,8 +120,11 @@ def main(argv=None) -> int:
     ablate = _load(args.folder / "ablate" / "ablate.json")
     if ablate and ablate["mode"] == "gpu":
         parts.append(ablate_line(ablate))
+    skipped = {r[0] for r in step_rows(args.folder) if r[1] == "skipped"}
     for name, data, table in (("scan", scan, scan_short_table), ("serve", serve, serve_short_table)):
-        if data is None:
+        if data is None and name in skipped:  # the suite's budget left it no time: nothing failed
+            parts.append(f"== bench.{name}: skipped (no time left in the suite's budget)")
+        elif data is None:
             parts.append(f"== bench.{name}: no results ({args.folder / (name + '.json')} missing or unreadable)")
             status = 1
         else:

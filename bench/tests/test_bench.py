@@ -152,6 +152,31 @@ def test_serve_json_is_complete_and_labelled(dry_run):
         assert all(p["status"] == "ok" and p["bitwise_warm_equals_cold"] for p in model["policies"].values())
 
 
+def test_a_suite_out_of_time_skips_its_steps_and_still_passes(tmp_path):
+    """A budget too short for anything: every benchmark step is recorded as skipped (the test
+    listing still runs), the summary says so, and the suite passes: nothing that ran failed."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, SUITE_BUDGET_S="1")
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [line.split("\t") for line in (tmp_path / "logs" / "steps.tsv").read_text().splitlines()[1:]]
+    assert [name for name, status, _ in steps if status != "skipped"] == ["tests-listed"]
+    assert [name for name, status, _ in steps if status == "skipped"] == [
+        "scan", "ablate", "sweep", "accuracy", "host", "chain", "serve"]
+    assert "== bench.scan: skipped" in proc.stdout and "== bench.serve: skipped" in proc.stdout
+
+
+def test_the_summary_fails_a_step_that_ran_and_left_no_results(dry_run, tmp_path):
+    out, _ = dry_run
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "scan.json").write_text((out / "scan.json").read_text())
+    for status, expected in (("skipped", 0), ("0", 1)):
+        (tmp_path / "logs" / "steps.tsv").write_text(f"step\tstatus\tseconds\nserve\t{status}\t3\n")
+        proc = subprocess.run([sys.executable, "-m", "bench.summary", str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == expected, (status, proc.stdout[-2000:], proc.stderr[-2000:])
+
+
 def test_markdown_is_labelled(dry_run):
     out, _ = dry_run
     assert (out / "scan.md").read_text().startswith(f"# Scan benchmarks: {LABEL}")
