@@ -146,6 +146,7 @@ class Timing:
     gpu_ms: float | None = None  # the call's kernels alone (the sum of gpu_kernels); CUDA only
     host_ms: float | None = None  # the host's part of a call (host_ms); CUDA only
     gpu_kernels: dict[str, float] | None = None  # ms a call per kernel or copy name (kernel_times); CUDA only
+    wall_s: float | None = None  # seconds the measurement took, the first call (compile, autotune) included
 
 
 @dataclass
@@ -162,6 +163,7 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
             *, single_cpu_run: bool = False) -> tuple[Timing, object]:
     """Time `fn`; return (Timing, what the first call returned). The first call compiles and
     autotunes (CUDA) and is never part of the figure, except in a single CPU run."""
+    began = time.perf_counter()
     if device.type == "cuda":
         result = fn()
         torch.cuda.synchronize()
@@ -177,18 +179,20 @@ def time_fn(fn: Callable[[], object], device: torch.device, opts: TimingOptions,
         samples = max(1, int(rep / estimate))
         kernels = kernel_times(fn)
         return Timing(float(ms), samples, f"do_bench median (warmup {warmup:g} ms, rep {rep:.0f} ms)",
-                      sum(kernels.values()), host_ms(fn), kernels), result
+                      sum(kernels.values()), host_ms(fn), kernels, time.perf_counter() - began), result
     if single_cpu_run:
         t0 = time.perf_counter()
         result = fn()
-        return Timing((time.perf_counter() - t0) * 1e3, 1, "wall clock, single run (no warm-up)"), result
+        return Timing((time.perf_counter() - t0) * 1e3, 1, "wall clock, single run (no warm-up)",
+                      wall_s=time.perf_counter() - began), result
     result = fn()
     times = []
     for _ in range(opts.cpu_runs):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return Timing(statistics.median(times), len(times), f"wall-clock median of {len(times)} runs"), result
+    return Timing(statistics.median(times), len(times), f"wall-clock median of {len(times)} runs",
+                  wall_s=time.perf_counter() - began), result
 
 
 KERNEL_TIME_RUNS = 10

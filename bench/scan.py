@@ -180,7 +180,8 @@ class ScanBench:
         if timing.gpu_ms is not None:  # CUDA: the kernels alone, and the host's part of the call
             row.update(gpu_ms=timing.gpu_ms, gpu_roofline_fraction=roofline_ms / timing.gpu_ms, host_ms=timing.host_ms,
                        gpu_kernels=timing.gpu_kernels)
-        row.update(status="ok", ms=timing.ms, samples=timing.samples, timing=timing.method, bytes=nbytes,
+        row.update(status="ok", ms=timing.ms, samples=timing.samples, timing=timing.method, wall_s=timing.wall_s,
+                   bytes=nbytes,
                    tokens=tokens, tokens_per_s=tokens / (timing.ms / 1e3), GBps=nbytes / (timing.ms * 1e6),
                    roofline_ms=roofline_ms, roofline_fraction=roofline_ms / timing.ms)
         return row
