@@ -6,6 +6,15 @@ is read from the report itself (its commit: the kernels may have changed since t
 and, where one exists, from a static report of the measured commit's kernels
 (bench/static_at.sh COMMIT bench/results/<date>-static-<commit>).
 
+Beside the model's time (each kernel's largest term: HBM, L2, tensor, issue or latency), the
+serial estimate: each kernel's issue and latency terms added, as if no program issued while
+another waited on memory. On the H200 runs of 2026-11-30 and 2026-12-04 the chunked Mamba-2
+pipelines, ours and mamba_ssm's, took 1.09-1.17x their serial estimate, at both commits and all
+three shapes, where the model's time ran 1.5-2.2x low and moved with the kernels' changes. Where
+a program's loop carries a serial chain (the recurrent scan, the fused pass) its instructions
+issue under the chain's waits: there the serial estimate ran 9-13% and 27-29% high, and the
+model's time 19-22% and 13% low (bench/README.md, "Modelled figures").
+
     python -m bench.static_report DIR --calibration
 """
 from __future__ import annotations
@@ -17,7 +26,8 @@ from .common import RESULTS_DIR, fmt, markdown_table
 
 OURS = {"recurrent": "recurrent", "chunked (chunk default)": "chunked", "chunked (chunk 256)": "chunked"}
 HEADERS = ["call", "shape", "tokens", "measured kernel ms", "measured call ms", "measured at", "modelled ms (then)",
-           "error (then)", "modelled ms (report)", "error (report)"]
+           "error (then)", "modelled ms (report)", "error (report)", "serial ms (then)", "error (then)",
+           "serial ms (report)", "error (report)"]
 
 
 def _workload(row: dict) -> tuple[str, bool] | None:
@@ -69,13 +79,42 @@ def _modelled(data: dict, m: dict) -> float | None:
     return c["time_ms"]
 
 
-def _modelled_kernels(data: dict | None, m: dict) -> dict[str, float]:
-    """{kernel name: modelled ms} of our call's kernels in a report (their launches summed)."""
+def serial_ms(kernels: list[dict]) -> float | None:
+    """The serial estimate of a call's kernels (module doc): each chosen launch's issue and
+    latency terms added (an autotuned peer's kernels at the configuration the model chose); None
+    where a launch has no such terms."""
+    total = 0.0
+    for k in kernels:
+        if k.get("chosen", True) is False:
+            continue
+        m = k.get("model")
+        if not isinstance(m, dict) or "issue_ms" not in m:
+            return None
+        total += m["issue_ms"] + m["latency_ms"]
+    return total
+
+
+def _serial(data: dict, m: dict) -> float | None:
+    """The serial estimate of the call (or its peer's) measured in `m`, from report `data`."""
+    c = _call(data, m)
+    if c is None:
+        return None
+    if not m["peer"]:
+        return serial_ms(c["kernels"]) if "kernels" in c else None
+    peer = data.get("peer_calls", {}).get(c["peer"].get("ref"))
+    return serial_ms(peer["kernels"]) if peer else None
+
+
+def _modelled_kernels(data: dict | None, m: dict, serial: bool = False) -> dict[str, float]:
+    """{kernel name: modelled ms} of our call's kernels in a report (their launches summed); serial:
+    their serial estimates (module doc)."""
     c = None if data is None or m["peer"] else _call(data, m)
     out: dict[str, float] = {}
     for k in (c or {}).get("kernels", []):
         if k.get("chosen", True) and isinstance(k.get("model"), dict):
-            out[k["kernel"]] = out.get(k["kernel"], 0.0) + k["model"]["time_ms"]
+            t = serial_ms([k]) if serial else k["model"]["time_ms"]
+            if t is not None:
+                out[k["kernel"]] = out.get(k["kernel"], 0.0) + t
     return out
 
 
@@ -87,15 +126,18 @@ def kernel_rows(data: dict, results: Path = RESULTS_DIR) -> list[list]:
     for m in measurements(results):
         if not m["kernels"] or m["peer"]:
             continue
-        then_report = next((r for r in reports_at(m["commit"], results) if _call(r, m)), None)
-        then, now = _modelled_kernels(then_report, m), _modelled_kernels(data, m)
+        then_report = next((r for r in sorted(reports_at(m["commit"], results),
+                                              key=lambda r: r.get("model_version") != data.get("model_version"))
+                            if _call(r, m)), None)
+        estimates = [_modelled_kernels(report, m, serial) for serial in (False, True) for report in (then_report, data)]
         for name, measured in m["kernels"].items():
-            if name not in then and name not in now:
+            if all(name not in e for e in estimates):
                 continue  # a copy or another library's kernel
+            cells = []
+            for e in estimates:
+                cells += [fmt(e[name]), fmt(e[name] / measured)] if name in e else ["-", "-"]
             out.append([f"`{m['workload']}`", m["shape"], m["tokens"], f"{m['commit']} ({m['run']})", f"`{name}`",
-                        fmt(measured), fmt(then[name]) if name in then else "-",
-                        fmt(then[name] / measured) if name in then else "-",
-                        fmt(now[name]) if name in now else "-", fmt(now[name] / measured) if name in now else "-"])
+                        fmt(measured), *cells])
     return out
 
 
@@ -111,16 +153,21 @@ def reports_at(commit: str, results: Path = RESULTS_DIR) -> list[dict]:
 
 
 def rows(data: dict, results: Path = RESULTS_DIR) -> list[dict]:
-    """One row per measurement with a counterpart in the report (`data`)."""
+    """One row per measurement with a counterpart in the report (`data`). "then": the first static
+    report of the measured commit's kernels, under the report's model version where one is."""
     out = []
     for m in measurements(results):
         now = _modelled(data, m)
         if now is None:
             continue
-        then = next((t for t in (_modelled(r, m) for r in reports_at(m["commit"], results)) if t is not None), None)
+        then_reports = sorted(reports_at(m["commit"], results),
+                              key=lambda r: r.get("model_version") != data.get("model_version"))
+        then = next((t for t in (_modelled(r, m) for r in then_reports) if t is not None), None)
+        serial_then = next((t for t in (_serial(r, m) for r in then_reports) if t is not None), None)
         measured = m["kernel_ms"] or m["call_ms"]
         out.append({**m, "modelled_ms": now, "error": now / measured, "modelled_then_ms": then,
-                    "error_then": then / measured if then else None, "against": "kernel" if m["kernel_ms"] else "call"})
+                    "error_then": then / measured if then else None, "serial_ms": _serial(data, m),
+                    "serial_then_ms": serial_then, "against": "kernel" if m["kernel_ms"] else "call"})
     return out
 
 
@@ -135,12 +182,22 @@ def ratios(calibration: list[dict]) -> list[list]:
         if peer is None:
             continue
         measured = r["kernel_ms"] / peer["kernel_ms"]
-        then = r["modelled_then_ms"] / peer["modelled_then_ms"] if r["modelled_then_ms"] and peer["modelled_then_ms"] \
-            else None
-        now = r["modelled_ms"] / peer["modelled_ms"]
+        ratio = lambda key: r[key] / peer[key] if r[key] and peer[key] else None  # noqa: E731
+        cells = []
+        for modelled in (ratio("modelled_then_ms"), ratio("modelled_ms"), ratio("serial_then_ms"), ratio("serial_ms")):
+            cells += [fmt(modelled), fmt(modelled / measured)] if modelled else ["-", "-"]
         out.append([f"`{r['workload']}`", r["shape"], r["tokens"], f"{r['commit']} ({r['run']})", fmt(measured),
-                    fmt(then) if then else "-", fmt(then / measured) if then else "-", fmt(now), fmt(now / measured)])
+                    *cells])
     return out
+
+
+def serial_cells(r: dict, mark: str) -> list[str]:
+    """The serial estimate's ms and error, then and in the report, of a calibration row."""
+    measured = r["kernel_ms"] or r["call_ms"]
+    cells = []
+    for key in ("serial_then_ms", "serial_ms"):
+        cells += [fmt(r[key]), f"{fmt(r[key] / measured)}{mark}"] if r[key] else ["-", "-"]
+    return cells
 
 
 def table(data: dict, results: Path = RESULTS_DIR) -> str:
@@ -158,17 +215,22 @@ def table(data: dict, results: Path = RESULTS_DIR) -> str:
         body.append([name, r["shape"], r["tokens"], fmt(r["kernel_ms"]) if r["kernel_ms"] else "-", fmt(r["call_ms"]),
                      f"{r['commit']} ({r['run']})", fmt(r["modelled_then_ms"]) if r["modelled_then_ms"] else "-",
                      f"{fmt(r['error_then'])}{mark}" if r["error_then"] else "-", fmt(r["modelled_ms"]),
-                     f"{fmt(r['error'])}{mark}"])
+                     f"{fmt(r['error'])}{mark}", *serial_cells(r, mark)])
     return "\n".join([
         "Modelled (static model, not measured) against measured on an H200. Error = modelled / measured kernel "
         "time ((call): against the call time, where the run measured no kernel time). \"then\": the model of "
         "the measured commit's kernels (bench/static_at.sh); \"report\": this report's kernels, which may have "
-        "changed since.", "", markdown_table(HEADERS, body), "",
+        "changed since. \"serial\": each kernel's issue and latency terms added (bench/static_calibration.py "
+        "says why).", "",
+        markdown_table(HEADERS, body), "",
         "Ours / mamba_ssm's peer, kernel times of one run against the model's ratio:", "",
         markdown_table(["call", "shape", "tokens", "measured at", "measured ratio", "modelled (then)",
-                        "modelled / measured (then)", "modelled (report)", "modelled / measured (report)"], ratio_rows)
+                        "modelled / measured (then)", "modelled (report)", "modelled / measured (report)",
+                        "serial (then)", "serial / measured (then)", "serial (report)", "serial / measured (report)"],
+                       ratio_rows)
         if ratio_rows else "(no run measured both kernel times)", "",
         "Per kernel (runs that recorded each kernel's time), modelled against measured:", "",
         markdown_table(["call", "shape", "tokens", "measured at", "kernel", "measured ms", "modelled ms (then)",
-                        "error (then)", "modelled ms (report)", "error (report)"], per_kernel)
+                        "error (then)", "modelled ms (report)", "error (report)", "serial ms (then)", "error (then)",
+                        "serial ms (report)", "error (report)"], per_kernel)
         if per_kernel else "(no run recorded each kernel's time yet)"])

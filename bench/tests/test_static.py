@@ -247,7 +247,9 @@ def test_the_mamba1_peer_by_the_same_rule():
 def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
     """A GPU run's batch-1 passes against the report's calls (ours and the peer's), and against a
     report of the measured commit's kernels where there is one: the errors and the ratio to the
-    peer, measured and modelled."""
+    peer, measured and modelled, by the model's time and by the serial estimate (each chosen
+    launch's issue and latency terms added; a peer's configuration the model did not choose left
+    out)."""
     from bench import static_calibration as sc
 
     def row(impl, algorithm, gpu_ms, ms, **kw):
@@ -263,17 +265,23 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
                  row("mamba_ssm", "chunked (SSD, chunk 256)", 0.4, 0.45), row("fla", "chunked (simple GLA)", 0.3, 0.3),
                  dict(row("ssm_kernels", "recurrent", 9.0, 9.0), batch="varlen 16")]}))
 
-    def report(commit, recurrent, chunked, peer):
+    def launch(serial, chosen=True):
+        return {"kernel": "k", "chosen": chosen, "model": {"time_ms": serial / 2, "issue_ms": serial / 4,
+                                                           "latency_ms": 3 * serial / 4}}
+
+    def report(commit, recurrent, chunked, peer, serial):
         def call(workload, ms, peer_ms=None):
             return {"workload": workload, "shape": "Mamba-2 2.7B", "size": 8192, "time_ms": ms, "commit": commit,
-                    "peer": {"available": peer_ms is not None, "time_ms": peer_ms}}
+                    "kernels": [launch(serial[0] / 2), launch(serial[0] / 2)],
+                    "peer": {"available": peer_ms is not None, "time_ms": peer_ms, "ref": "peer"}}
         return {"calls": [call("mamba2_scan recurrent", recurrent), call("mamba2_scan chunked", chunked, peer),
-                          call("mamba2_scan chunked + 8 grid captures", chunked * 2, peer)]}
+                          call("mamba2_scan chunked + 8 grid captures", chunked * 2, peer)],
+                "peer_calls": {"peer": {"kernels": [launch(serial[1]), launch(5.0, chosen=False)]}}}
 
     then = tmp_path / "2026-12-01-static-1680d6f"
     then.mkdir()
-    (then / "static.json").write_text(json.dumps(report("1680d6f6c374aaaa", 3.0, 0.15, 0.2)))
-    rows = {(r["workload"], r["peer"]): r for r in sc.rows(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)}
+    (then / "static.json").write_text(json.dumps(report("1680d6f6c374aaaa", 3.0, 0.15, 0.2, (0.3, 0.32))))
+    rows = {(r["workload"], r["peer"]): r for r in sc.rows(report("5e0f218", 2.0, 0.1, 0.2, (0.24, 0.32)), tmp_path)}
     assert set(rows) == {("mamba2_scan recurrent", False), ("mamba2_scan chunked", False),
                          ("mamba2_scan chunked", True), ("mamba2_scan chunked + 8 grid captures", False)}
     rec = rows["mamba2_scan recurrent", False]
@@ -281,11 +289,15 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
     assert rec["error"] == pytest.approx(2.0 / 4.0) and rec["error_then"] == pytest.approx(3.0 / 4.0)
     assert rows["mamba2_scan chunked", True]["error"] == pytest.approx(0.2 / 0.4)
     assert rows["mamba2_scan chunked + 8 grid captures", False]["error"] == pytest.approx(0.2 / 0.5)
+    assert rows["mamba2_scan chunked", False]["serial_ms"] == pytest.approx(0.24)
+    assert rows["mamba2_scan chunked", False]["serial_then_ms"] == pytest.approx(0.3)
+    assert rows["mamba2_scan chunked", True]["serial_ms"] == pytest.approx(0.32)
     (ratio,) = sc.ratios(list(rows.values()))
-    # measured, then, then / measured, report, report / measured
-    assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667"]
-    assert "measured at" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)
-    assert "(no run recorded each kernel's time yet)" in sc.table(report("5e0f218", 2.0, 0.1, 0.2), tmp_path)
+    # measured; modelled then, / measured; report, / measured; serial then, / measured; report, / measured
+    assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667", "0.938", "1.25", "0.75", "1"]
+    now = report("5e0f218", 2.0, 0.1, 0.2, (0.24, 0.32))
+    assert "measured at" in sc.table(now, tmp_path)
+    assert "(no run recorded each kernel's time yet)" in sc.table(now, tmp_path)
 
 
 def test_calibration_per_kernel(tmp_path):
@@ -303,8 +315,8 @@ def test_calibration_per_kernel(tmp_path):
             gpu_kernels={"_chunk_output_kernel": 0.2, "_chunk_state_kernel": 0.08, "Memcpy HtoD": 0.02})]}))
 
     def report(commit, output_ms, state_ms):
-        kernels = [{"kernel": "_chunk_output_kernel", "chosen": True, "model": {"time_ms": output_ms}},
-                   {"kernel": "_chunk_state_kernel", "chosen": True, "model": {"time_ms": state_ms}}]
+        kernels = [{"kernel": name, "chosen": True, "model": {"time_ms": ms, "issue_ms": ms, "latency_ms": ms}}
+                   for name, ms in (("_chunk_output_kernel", output_ms), ("_chunk_state_kernel", state_ms))]
         return {"calls": [{"workload": "mamba2_scan chunked", "shape": "Mamba-2 2.7B", "size": 8192, "commit": commit,
                            "time_ms": output_ms + state_ms, "kernels": kernels, "peer": {"available": False}}]}
 
@@ -312,9 +324,10 @@ def test_calibration_per_kernel(tmp_path):
     then.mkdir()
     (then / "static.json").write_text(json.dumps(report("abc1234", 0.1, 0.04)))
     rows = sc.kernel_rows(report("def5678", 0.05, 0.04), tmp_path)
-    # kernel, measured, then, then / measured, report, report / measured
-    assert [r[4:] for r in rows] == [["`_chunk_output_kernel`", "0.2", "0.1", "0.5", "0.05", "0.25"],
-                                     ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5"]]
+    # kernel, measured; modelled then, / measured; report, / measured; serial then, / measured; report, / measured
+    assert [r[4:] for r in rows] == [
+        ["`_chunk_output_kernel`", "0.2", "0.1", "0.5", "0.05", "0.25", "0.2", "1", "0.1", "0.5"],
+        ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5", "0.08", "1", "0.08", "1"]]
     assert "`_chunk_output_kernel`" in sc.table(report("def5678", 0.05, 0.04), tmp_path)
 
 
