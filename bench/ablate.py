@@ -33,6 +33,7 @@ from . import sweep  # noqa: E402
 from . import workloads as wl  # noqa: E402
 from .common import RESULTS_DIR, Budget, Terminated, bench_device, markdown_table, save_results  # noqa: E402
 from .output_variants import KERNEL, VARIANTS, ablated  # noqa: E402
+from .static_calibration import serial_ms  # noqa: E402
 
 NTOKENS = 8192
 # The static model of the same variants (python -m bench.static --workload "mamba2_scan chunked"
@@ -40,12 +41,14 @@ NTOKENS = 8192
 MODELLED = RESULTS_DIR / "2026-12-05-static-ablation" / "static.json"
 
 
-def modelled_ratios(path: Path = MODELLED) -> dict[str, float]:
+def modelled_ratios(path: Path = MODELLED, serial: bool = False) -> dict[str, float]:
     """Each variant's output kernel time against the real kernel's, modelled at Mamba-2 2.7B and
-    NTOKENS tokens: {variant: ratio}, "unchanged" 1; {} without the report (the measurement stands alone)."""
+    NTOKENS tokens (serial: by the serial estimate, bench.static_calibration): {variant: ratio},
+    "unchanged" 1; {} without the report (the measurement stands alone)."""
     if not path.exists():
         return {}
-    times = {c["workload"]: next(k["model"]["time_ms"] for k in c["kernels"] if k["kernel"] == KERNEL and k["chosen"])
+    time = (lambda k: serial_ms([k])) if serial else (lambda k: k["model"]["time_ms"])  # noqa: E731
+    times = {c["workload"]: next(time(k) for k in c["kernels"] if k["kernel"] == KERNEL and k["chosen"])
              for c in json.loads(path.read_text())["calls"]
              if c["shape"] == wl.STANDARD_SHAPES[0].name and c["size"] == NTOKENS}
     real = times["mamba2_scan chunked"]
@@ -81,12 +84,14 @@ def markdown(mode: str, rows: list, env: dict) -> str:
     else:
         lines += [f"GPU time of one pass's output kernel (torch.profiler), {NTOKENS} tokens, bfloat16, batch 1, "
                   "per variant; 'vs unchanged': against the unchanged copy's at the shape; 'modelled': the "
-                  f"static model's ratio at {wl.STANDARD_SHAPES[0].name} ({MODELLED.parent.name}). A variant "
-                  "without a part computes a wrong y: its time only.", "",
+                  f"static model's ratio at {wl.STANDARD_SHAPES[0].name} ({MODELLED.parent.name}), by its time "
+                  "and by the serial estimate (bench/static_calibration.py). A variant without a part computes a "
+                  "wrong y: its time only.", "",
                   markdown_table(["shape", "variant", "output kernel ms", "vs unchanged", "vs unchanged, modelled",
-                                  "pass kernel ms", "unchanged copy bitwise", "error"],
+                                  "vs unchanged, serial", "pass kernel ms", "unchanged copy bitwise", "error"],
                                  [[r["shape"], r["config"], r.get("kernels_ms", {}).get(KERNEL),
-                                   r.get("output_vs_unchanged"), r.get("modelled_vs_unchanged"), r.get("kernel_ms"),
+                                   r.get("output_vs_unchanged"), r.get("modelled_vs_unchanged"),
+                                   r.get("serial_vs_unchanged"), r.get("kernel_ms"),
                                    {True: "yes", False: "no"}.get(r.get("copy_bitwise"), "-"), r.get("error", "")]
                                   for r in rows])]
     if env.get("incomplete"):
@@ -115,12 +120,13 @@ def main(argv=None) -> int:
                                   "copy_bitwise": torch.equal(got.y, real[shape].y)} if name == "unchanged" else {})
             unchanged = {r["shape"]: r["kernels_ms"][KERNEL] for r in rows if r["config"] == "unchanged"
                          and "kernels_ms" in r}
-            modelled = modelled_ratios()
+            modelled, serial = modelled_ratios(), modelled_ratios(serial=True)
             for r in rows:
                 if r["shape"] in unchanged and "kernels_ms" in r:
                     r["output_vs_unchanged"] = r["kernels_ms"][KERNEL] / unchanged[r["shape"]]
                 if r["shape"] == wl.STANDARD_SHAPES[0].name:
                     r["modelled_vs_unchanged"] = modelled.get(r["config"])
+                    r["serial_vs_unchanged"] = serial.get(r["config"])
             if budget.expired():
                 env["incomplete"] = "the time budget ran out"
     except Terminated as stop:

@@ -8,8 +8,9 @@ and, where one exists, from a static report of the measured commit's kernels
 
 Beside the model's time (each kernel's largest term: HBM, L2, tensor, issue or latency), the
 serial estimate: each kernel's issue and latency terms added, as if no program issued while
-another waited on memory. On the H200 runs of 2026-11-30 and 2026-12-04 the chunked Mamba-2
-pipelines, ours and mamba_ssm's, took 1.09-1.17x their serial estimate, at both commits and all
+another waited on memory (its memory or tensor term where that is larger: bytes still take their
+bandwidth). On the H200 runs of 2026-11-30 and 2026-12-04 the chunked Mamba-2
+pipelines, ours and mamba_ssm's, took 1.06-1.17x their serial estimate, at both commits and all
 three shapes, where the model's time ran 1.5-2.2x low and moved with the kernels' changes. Where
 a program's loop carries a serial chain (the recurrent scan, the fused pass) its instructions
 issue under the chain's waits: there the serial estimate ran 9-13% and 27-29% high, and the
@@ -81,8 +82,8 @@ def _modelled(data: dict, m: dict) -> float | None:
 
 def serial_ms(kernels: list[dict]) -> float | None:
     """The serial estimate of a call's kernels (module doc): each chosen launch's issue and
-    latency terms added (an autotuned peer's kernels at the configuration the model chose); None
-    where a launch has no such terms."""
+    latency terms added, or its memory or tensor term where that is larger (an autotuned peer's
+    kernels at the configuration the model chose); None where a launch has no such terms."""
     total = 0.0
     for k in kernels:
         if k.get("chosen", True) is False:
@@ -90,7 +91,7 @@ def serial_ms(kernels: list[dict]) -> float | None:
         m = k.get("model")
         if not isinstance(m, dict) or "issue_ms" not in m:
             return None
-        total += m["issue_ms"] + m["latency_ms"]
+        total += max(m["issue_ms"] + m["latency_ms"], m.get("memory_ms", 0.0), m.get("tensor_ms", 0.0))
     return total
 
 

@@ -106,16 +106,26 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serial(data: dict, c: dict) -> tuple[float | None, float | None]:
+    """The call's serial estimate and its ratio to the peer's (bench.static_calibration.serial_ms;
+    None where the peer is not modelled kernel by kernel)."""
+    ours = static_calibration.serial_ms(c["kernels"])
+    peer_call = data.get("peer_calls", {}).get(c["peer"].get("ref"))
+    peer = static_calibration.serial_ms(peer_call["kernels"]) if peer_call else None
+    return ours, ours / peer if ours is not None and peer else None
+
+
 def summary_lines(data: dict) -> list[str]:
     rows = []
     for c in data["calls"]:
         top = dominant(c["kernels"])
         peer = c["peer"]
         rows.append([c["workload"], c["shape"], c["size"], c["time_ms"], f"{top['kernel']} ({top['model']['bound']})",
-                     c["roofline_ms"], peer["time_ms"] if peer.get("available") else None, c["ratio_to_peer"]])
+                     c["roofline_ms"], peer["time_ms"] if peer.get("available") else None, c["ratio_to_peer"],
+                     *serial(data, c)])
     lines = [f"== bench.static: {LABEL} (triton {data['triton']}, {data['target']})",
              text_table(["call", "shape", "size", "modelled ms", "largest kernel (bound)", "must-move ms", "peer ms",
-                         "ours/peer"], rows)]
+                         "ours/peer", "serial ms", "ours/peer serial"], rows)]
     kernels = [e for c in data["calls"] for e in c["kernels"]]
     kernels += [e for p in data.get("peer_calls", {}).values() for e in p["kernels"]]
     uncounted = sorted({e["label"] for e in kernels
@@ -134,15 +144,18 @@ def readme_block(data: dict) -> str:
             continue
         top = dominant(c["kernels"])
         peer = c["peer"]
+        serial_ms, serial_ratio = serial(data, c)
         rows.append([f"`{c['workload']}`", c["shape"], fmt(c["time_ms"]), f"{top['model']['bound']} ({top['kernel']})",
                      fmt(c["roofline_ms"]), f"{fmt(peer['time_ms'])} ({peer['name'].removeprefix('mamba_ssm ')})"
-                     if peer.get("available") else "-", fmt(c["ratio_to_peer"]) if c["ratio_to_peer"] else "-"])
+                     if peer.get("available") else "-", fmt(c["ratio_to_peer"]) if c["ratio_to_peer"] else "-",
+                     fmt(serial_ms) if serial_ms is not None else "-", fmt(serial_ratio) if serial_ratio else "-"])
     return "\n".join([
         f"Modelled on an H200 ({LABEL}; {data['date']}, {commits(data)}, model {data.get('model_version')}), "
         f"bfloat16, batch 1, {README_SIZES['prefill']} tokens (decode: batch {README_SIZES['decode']}); "
-        "32768 tokens, batches 128 and 256 and every kernel's figures are in `static.md`:", "",
+        "32768 tokens, batches 128 and 256 and every kernel's figures are in `static.md`. Serial: each "
+        "kernel's issue and latency terms added (bench/static_calibration.py):", "",
         markdown_table(["call", "shape", "ms", "bound (largest kernel)", "must-move ms", "peer ms (mamba_ssm)",
-                        "ours / peer"], rows)])
+                        "ours / peer", "serial ms", "ours / peer, serial"], rows)])
 
 
 # The five-stage chunked Mamba-2 pass: stage 1 stays a launch of its own in any one-launch design

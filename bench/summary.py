@@ -88,9 +88,11 @@ def ablate_line(ablate: dict) -> str:
     for row in ablate["rows"]:
         if row.get("output_vs_unchanged") is not None and row["config"] != "unchanged":
             name = row["config"].split(" (")[0]
-            modelled = row.get("modelled_vs_unchanged")
+            modelled = [f"{label} {row[key]:.2f}x" for key, label in (("modelled_vs_unchanged", "modelled"),
+                                                                        ("serial_vs_unchanged", "serial"))
+                        if row.get(key) is not None]
             shapes.setdefault(row["shape"], []).append(f"{name} {row['output_vs_unchanged']:.2f}x"
-                                                       + ("" if modelled is None else f" (modelled {modelled:.2f}x)"))
+                                                       + (f" ({', '.join(modelled)})" if modelled else ""))
     found = "; ".join(f"{shape}: {', '.join(parts)}" for shape, parts in shapes.items())
     return f"== bench.ablate, the output kernel without a part against the unchanged copy: {found or 'none measured'}"
 

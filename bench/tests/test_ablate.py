@@ -54,11 +54,14 @@ def test_the_suites_summary_lists_each_variant_against_the_unchanged_copy():
     assert ablate_line({"rows": rows}).endswith("A: no inter-chunk term 0.70x")
     rows[1]["modelled_vs_unchanged"] = 0.87
     assert ablate_line({"rows": rows}).endswith("A: no inter-chunk term 0.70x (modelled 0.87x)")
+    rows[1]["serial_vs_unchanged"] = 0.84
+    assert ablate_line({"rows": rows}).endswith("A: no inter-chunk term 0.70x (modelled 0.87x, serial 0.84x)")
 
 
 def test_the_modelled_ratios_name_every_variant():
     """The committed static report of the variants (ablate.MODELLED) has a row for each variant
     with an edit, each faster than the real kernel, modelled."""
-    ratios = ablate.modelled_ratios()
-    assert list(ratios) == list(ablate.VARIANTS)
-    assert ratios["unchanged"] == 1 and all(0 < r < 1 for name, r in ratios.items() if name != "unchanged")
+    for serial in (False, True):
+        ratios = ablate.modelled_ratios(serial=serial)
+        assert list(ratios) == list(ablate.VARIANTS)
+        assert ratios["unchanged"] == 1 and all(0 < r < 1 for name, r in ratios.items() if name != "unchanged")

@@ -315,8 +315,11 @@ def test_calibration_per_kernel(tmp_path):
             gpu_kernels={"_chunk_output_kernel": 0.2, "_chunk_state_kernel": 0.08, "Memcpy HtoD": 0.02})]}))
 
     def report(commit, output_ms, state_ms):
-        kernels = [{"kernel": name, "chosen": True, "model": {"time_ms": ms, "issue_ms": ms, "latency_ms": ms}}
-                   for name, ms in (("_chunk_output_kernel", output_ms), ("_chunk_state_kernel", state_ms))]
+        # the chunk-state kernel's memory term above its issue and latency terms' sum: the serial estimate takes it
+        kernels = [{"kernel": name, "chosen": True, "model": {"time_ms": ms, "issue_ms": ms, "latency_ms": ms,
+                                                              "memory_ms": memory * ms}}
+                   for name, ms, memory in (("_chunk_output_kernel", output_ms, 1),
+                                            ("_chunk_state_kernel", state_ms, 3))]
         return {"calls": [{"workload": "mamba2_scan chunked", "shape": "Mamba-2 2.7B", "size": 8192, "commit": commit,
                            "time_ms": output_ms + state_ms, "kernels": kernels, "peer": {"available": False}}]}
 
@@ -327,7 +330,7 @@ def test_calibration_per_kernel(tmp_path):
     # kernel, measured; modelled then, / measured; report, / measured; serial then, / measured; report, / measured
     assert [r[4:] for r in rows] == [
         ["`_chunk_output_kernel`", "0.2", "0.1", "0.5", "0.05", "0.25", "0.2", "1", "0.1", "0.5"],
-        ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5", "0.08", "1", "0.08", "1"]]
+        ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5", "0.12", "1.5", "0.12", "1.5"]]
     assert "`_chunk_output_kernel`" in sc.table(report("def5678", 0.05, 0.04), tmp_path)
 
 
