@@ -80,6 +80,11 @@ def _modelled(data: dict, m: dict) -> float | None:
     return c["time_ms"]
 
 
+def _cells(value: float | None, measured: float, mark: str = "") -> list[str]:
+    """A modelled figure and its error against the measured one, or two dashes without it."""
+    return [fmt(value), f"{fmt(value / measured)}{mark}"] if value else ["-", "-"]
+
+
 def serial_ms(kernels: list[dict]) -> float | None:
     """The serial estimate of a call's kernels (module doc): each chosen launch's issue and
     latency terms added, or its memory or tensor term where that is larger (an autotuned peer's
@@ -127,30 +132,27 @@ def kernel_rows(data: dict, results: Path = RESULTS_DIR) -> list[list]:
     for m in measurements(results):
         if not m["kernels"] or m["peer"]:
             continue
-        then_report = next((r for r in sorted(reports_at(m["commit"], results),
-                                              key=lambda r: r.get("model_version") != data.get("model_version"))
-                            if _call(r, m)), None)
+        then_report = next((r for r in reports_at(m["commit"], results, data.get("model_version")) if _call(r, m)),
+                           None)
         estimates = [_modelled_kernels(report, m, serial) for serial in (False, True) for report in (then_report, data)]
         for name, measured in m["kernels"].items():
             if all(name not in e for e in estimates):
                 continue  # a copy or another library's kernel
-            cells = []
-            for e in estimates:
-                cells += [fmt(e[name]), fmt(e[name] / measured)] if name in e else ["-", "-"]
             out.append([f"`{m['workload']}`", m["shape"], m["tokens"], f"{m['commit']} ({m['run']})", f"`{name}`",
-                        fmt(measured), *cells])
+                        fmt(measured), *(cell for e in estimates for cell in _cells(e.get(name), measured))])
     return out
 
 
-def reports_at(commit: str, results: Path = RESULTS_DIR) -> list[dict]:
-    """Static reports every call of which was modelled at `commit` (a prefix)."""
+def reports_at(commit: str, results: Path = RESULTS_DIR, model_version: str | None = None) -> list[dict]:
+    """Static reports every call of which was modelled at `commit` (a prefix), those of
+    `model_version` first."""
     found = []
     for path in sorted(results.glob("*static*/static.json")):
         data = json.loads(path.read_text())
         commits = {(c.get("commit") or "") for c in data["calls"]}
         if commits and all(c.startswith(commit) for c in commits):
             found.append(data)
-    return found
+    return sorted(found, key=lambda r: r.get("model_version") != model_version)
 
 
 def rows(data: dict, results: Path = RESULTS_DIR) -> list[dict]:
@@ -161,8 +163,7 @@ def rows(data: dict, results: Path = RESULTS_DIR) -> list[dict]:
         now = _modelled(data, m)
         if now is None:
             continue
-        then_reports = sorted(reports_at(m["commit"], results),
-                              key=lambda r: r.get("model_version") != data.get("model_version"))
+        then_reports = reports_at(m["commit"], results, data.get("model_version"))
         then = next((t for t in (_modelled(r, m) for r in then_reports) if t is not None), None)
         serial_then = next((t for t in (_serial(r, m) for r in then_reports) if t is not None), None)
         measured = m["kernel_ms"] or m["call_ms"]
@@ -184,21 +185,10 @@ def ratios(calibration: list[dict]) -> list[list]:
             continue
         measured = r["kernel_ms"] / peer["kernel_ms"]
         ratio = lambda key: r[key] / peer[key] if r[key] and peer[key] else None  # noqa: E731
-        cells = []
-        for modelled in (ratio("modelled_then_ms"), ratio("modelled_ms"), ratio("serial_then_ms"), ratio("serial_ms")):
-            cells += [fmt(modelled), fmt(modelled / measured)] if modelled else ["-", "-"]
         out.append([f"`{r['workload']}`", r["shape"], r["tokens"], f"{r['commit']} ({r['run']})", fmt(measured),
-                    *cells])
+                    *(cell for key in ("modelled_then_ms", "modelled_ms", "serial_then_ms", "serial_ms")
+                      for cell in _cells(ratio(key), measured))])
     return out
-
-
-def serial_cells(r: dict, mark: str) -> list[str]:
-    """The serial estimate's ms and error, then and in the report, of a calibration row."""
-    measured = r["kernel_ms"] or r["call_ms"]
-    cells = []
-    for key in ("serial_then_ms", "serial_ms"):
-        cells += [fmt(r[key]), f"{fmt(r[key] / measured)}{mark}"] if r[key] else ["-", "-"]
-    return cells
 
 
 def table(data: dict, results: Path = RESULTS_DIR) -> str:
@@ -216,7 +206,8 @@ def table(data: dict, results: Path = RESULTS_DIR) -> str:
         body.append([name, r["shape"], r["tokens"], fmt(r["kernel_ms"]) if r["kernel_ms"] else "-", fmt(r["call_ms"]),
                      f"{r['commit']} ({r['run']})", fmt(r["modelled_then_ms"]) if r["modelled_then_ms"] else "-",
                      f"{fmt(r['error_then'])}{mark}" if r["error_then"] else "-", fmt(r["modelled_ms"]),
-                     f"{fmt(r['error'])}{mark}", *serial_cells(r, mark)])
+                     f"{fmt(r['error'])}{mark}", *_cells(r["serial_then_ms"], r["kernel_ms"] or r["call_ms"], mark),
+                     *_cells(r["serial_ms"], r["kernel_ms"] or r["call_ms"], mark)])
     return "\n".join([
         "Modelled (static model, not measured) against measured on an H200. Error = modelled / measured kernel "
         "time ((call): against the call time, where the run measured no kernel time). \"then\": the model of "
