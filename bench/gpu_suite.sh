@@ -5,7 +5,7 @@
 # "skipped" in logs/steps.tsv):
 #   1. nvidia-smi and the Python/torch/triton/peer versions;
 #   2. the fused chunked pass's layer-size test alone (tests/test_chunked_fused.py::
-#      test_at_a_layers_size_on_gpu, GATE_S, default 45): step 3 times the fused pass only where
+#      test_at_a_layers_size_on_gpu, GATE_S, default 60): step 3 times the fused pass only where
 #      it passed, so that a fused pass that hung cannot cost the rows after it;
 #   3. the headline: python -m bench.scan --seqlens 8192 32768 --no-varlen (SCAN_S, default 120):
 #      recurrent and chunked passes at batch 1 with the peers at the three Mamba-2 shapes and
@@ -57,7 +57,7 @@ done
 PY=${PYTHON:-python3}
 BUDGET=${SUITE_BUDGET_S:-380}
 SHARDS=${SHARDS:-8}
-GATE_S=${GATE_S:-45}
+GATE_S=${GATE_S:-60}
 SCAN_S=${SCAN_S:-120}
 ABLATE_S=${ABLATE_S:-40}
 SWEEP_S=${SWEEP_S:-50}
