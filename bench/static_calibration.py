@@ -112,9 +112,12 @@ def _serial(data: dict, m: dict) -> float | None:
 
 
 def _modelled_kernels(data: dict | None, m: dict, serial: bool = False) -> dict[str, float]:
-    """{kernel name: modelled ms} of our call's kernels in a report (their launches summed); serial:
-    their serial estimates (module doc)."""
-    c = None if data is None or m["peer"] else _call(data, m)
+    """{kernel name: modelled ms} of the measured call's kernels in a report, ours or the peer's at
+    the configurations the model chose (their launches summed); serial: their serial estimates
+    (module doc)."""
+    c = None if data is None else _call(data, m)
+    if c is not None and m["peer"]:
+        c = data.get("peer_calls", {}).get(c["peer"].get("ref"))
     out: dict[str, float] = {}
     for k in (c or {}).get("kernels", []):
         if k.get("chosen", True) and isinstance(k.get("model"), dict):
@@ -125,12 +128,13 @@ def _modelled_kernels(data: dict | None, m: dict, serial: bool = False) -> dict[
 
 
 def kernel_rows(data: dict, results: Path = RESULTS_DIR) -> list[list]:
-    """Per kernel, where a run measured each kernel's time (gpu_kernels): measured ms, and the
-    model's ms and error at the measured commit's kernels ("then") and at the report's. A stage
-    whose error moves between runs is where the model credits a change the GPU did not give."""
+    """Per kernel, ours and the peer's, where a run measured each kernel's time (gpu_kernels):
+    measured ms, and the model's ms and error at the measured commit's kernels ("then") and at the
+    report's. A stage whose error moves between runs is where the model credits a change the GPU
+    did not give; a peer's stage whose error differs from ours is where it misjudges one design."""
     out = []
     for m in measurements(results):
-        if not m["kernels"] or m["peer"]:
+        if not m["kernels"]:
             continue
         then_report = next((r for r in reports_at(m["commit"], results, data.get("model_version")) if _call(r, m)),
                            None)
@@ -138,8 +142,9 @@ def kernel_rows(data: dict, results: Path = RESULTS_DIR) -> list[list]:
         for name, measured in m["kernels"].items():
             if all(name not in e for e in estimates):
                 continue  # a copy or another library's kernel
-            out.append([f"`{m['workload']}`", m["shape"], m["tokens"], f"{m['commit']} ({m['run']})", f"`{name}`",
-                        fmt(measured), *(cell for e in estimates for cell in _cells(e.get(name), measured))])
+            out.append([f"`{m['workload']}`" + (" peer (mamba_ssm)" if m["peer"] else ""), m["shape"], m["tokens"],
+                        f"{m['commit']} ({m['run']})", f"`{name}`", fmt(measured),
+                        *(cell for e in estimates for cell in _cells(e.get(name), measured))])
     return out
 
 

@@ -302,26 +302,32 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
 
 def test_calibration_per_kernel(tmp_path):
     """A run that recorded each kernel's time (gpu_kernels) is set kernel by kernel beside the
-    model's kernels, at the measured commit's report and at this one; copies and kernels the
-    report does not model are left out."""
+    model's kernels, ours and the peer's (at the configuration the model chose), at the measured
+    commit's report and at this one; copies and kernels the report does not model are left out."""
     from bench import static_calibration as sc
 
     run = tmp_path / "2026-12-05-gpu"
     run.mkdir()
+    row = dict(section="scan", status="ok", batch="1", model="Mamba-2 2.7B", kind="mamba2", seqlen=8192)
     (run / "scan.json").write_text(json.dumps({
-        "label": "GPU: NVIDIA H200", "env": {"reduced": False, "commit": "abc1234"}, "scan": [dict(
-            section="scan", status="ok", batch="1", model="Mamba-2 2.7B", kind="mamba2", seqlen=8192,
-            impl="ssm_kernels", algorithm="chunked (chunk default)", gpu_ms=0.3, ms=0.4,
-            gpu_kernels={"_chunk_output_kernel": 0.2, "_chunk_state_kernel": 0.08, "Memcpy HtoD": 0.02})]}))
+        "label": "GPU: NVIDIA H200", "env": {"reduced": False, "commit": "abc1234"}, "scan": [
+            dict(row, impl="ssm_kernels", algorithm="chunked (chunk default)", gpu_ms=0.3, ms=0.4,
+                 gpu_kernels={"_chunk_output_kernel": 0.2, "_chunk_state_kernel": 0.08, "Memcpy HtoD": 0.02}),
+            dict(row, impl="mamba_ssm", algorithm="chunked (SSD, chunk 256)", gpu_ms=0.25, ms=0.3,
+                 gpu_kernels={"_chunk_scan_fwd_kernel": 0.25})]}))
+
+    def launch(name, ms, memory=1, chosen=True):
+        return {"kernel": name, "chosen": chosen, "model": {"time_ms": ms, "issue_ms": ms, "latency_ms": ms,
+                                                            "memory_ms": memory * ms}}
 
     def report(commit, output_ms, state_ms):
         # the chunk-state kernel's memory term above its issue and latency terms' sum: the serial estimate takes it
-        kernels = [{"kernel": name, "chosen": True, "model": {"time_ms": ms, "issue_ms": ms, "latency_ms": ms,
-                                                              "memory_ms": memory * ms}}
-                   for name, ms, memory in (("_chunk_output_kernel", output_ms, 1),
-                                            ("_chunk_state_kernel", state_ms, 3))]
+        kernels = [launch("_chunk_output_kernel", output_ms), launch("_chunk_state_kernel", state_ms, memory=3)]
         return {"calls": [{"workload": "mamba2_scan chunked", "shape": "Mamba-2 2.7B", "size": 8192, "commit": commit,
-                           "time_ms": output_ms + state_ms, "kernels": kernels, "peer": {"available": False}}]}
+                           "time_ms": output_ms + state_ms, "kernels": kernels,
+                           "peer": {"available": True, "time_ms": 0.1, "ref": "peer"}}],
+                "peer_calls": {"peer": {"kernels": [launch("_chunk_scan_fwd_kernel", 0.1),
+                                                    launch("_chunk_scan_fwd_kernel", 9.0, chosen=False)]}}}
 
     then = tmp_path / "2026-12-05-static-abc1234"
     then.mkdir()
@@ -330,7 +336,9 @@ def test_calibration_per_kernel(tmp_path):
     # kernel, measured; modelled then, / measured; report, / measured; serial then, / measured; report, / measured
     assert [r[4:] for r in rows] == [
         ["`_chunk_output_kernel`", "0.2", "0.1", "0.5", "0.05", "0.25", "0.2", "1", "0.1", "0.5"],
-        ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5", "0.12", "1.5", "0.12", "1.5"]]
+        ["`_chunk_state_kernel`", "0.08", "0.04", "0.5", "0.04", "0.5", "0.12", "1.5", "0.12", "1.5"],
+        ["`_chunk_scan_fwd_kernel`", "0.25", "0.1", "0.4", "0.1", "0.4", "0.2", "0.8", "0.2", "0.8"]]
+    assert rows[-1][0] == "`mamba2_scan chunked` peer (mamba_ssm)"
     assert "`_chunk_output_kernel`" in sc.table(report("def5678", 0.05, 0.04), tmp_path)
 
 
