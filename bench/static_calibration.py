@@ -60,10 +60,17 @@ def measurements(results: Path = RESULTS_DIR) -> list[dict]:
                 continue
             out.append({"workload": match[0], "peer": match[1], "shape": row["model"], "tokens": row["seqlen"],
                         "kernel_ms": row.get("gpu_ms"), "call_ms": row["ms"], "run": path.parent.name,
+                        "device": data["env"].get("device_name") or data["label"].removeprefix("GPU: "),
                         "kernels": row.get("gpu_kernels"),
                         "commit": (data["env"].get("commit") or "?")[:7],
                         "captures_placed": "evenly" if row.get("captures") == 8 else None})
     return out
+
+
+def measured_at(m: dict) -> str:
+    """Where a measurement was made: its commit, run and GPU (the model is an H200's: another GPU's
+    times, and less so its ratios, differ for reasons the model does not hold)."""
+    return f"{m['commit']} ({m['run']}, {m['device']})"
 
 
 def _call(data: dict, m: dict) -> dict | None:
@@ -143,7 +150,7 @@ def kernel_rows(data: dict, results: Path = RESULTS_DIR) -> list[list]:
             if all(name not in e for e in estimates):
                 continue  # a copy or another library's kernel
             out.append([f"`{m['workload']}`" + (" peer (mamba_ssm)" if m["peer"] else ""), m["shape"], m["tokens"],
-                        f"{m['commit']} ({m['run']})", f"`{name}`", fmt(measured),
+                        measured_at(m), f"`{name}`", fmt(measured),
                         *(cell for e in estimates for cell in _cells(e.get(name), measured))])
     return out
 
@@ -190,7 +197,7 @@ def ratios(calibration: list[dict]) -> list[list]:
             continue
         measured = r["kernel_ms"] / peer["kernel_ms"]
         ratio = lambda key: r[key] / peer[key] if r[key] and peer[key] else None  # noqa: E731
-        out.append([f"`{r['workload']}`", r["shape"], r["tokens"], f"{r['commit']} ({r['run']})", fmt(measured),
+        out.append([f"`{r['workload']}`", r["shape"], r["tokens"], measured_at(r), fmt(measured),
                     *(cell for key in ("modelled_then_ms", "modelled_ms", "serial_then_ms", "serial_ms")
                       for cell in _cells(ratio(key), measured))])
     return out
@@ -209,12 +216,13 @@ def table(data: dict, results: Path = RESULTS_DIR) -> str:
             name += " (measured: captures evenly spaced)"
         mark = "" if r["against"] == "kernel" else " (call)"
         body.append([name, r["shape"], r["tokens"], fmt(r["kernel_ms"]) if r["kernel_ms"] else "-", fmt(r["call_ms"]),
-                     f"{r['commit']} ({r['run']})", fmt(r["modelled_then_ms"]) if r["modelled_then_ms"] else "-",
+                     measured_at(r), fmt(r["modelled_then_ms"]) if r["modelled_then_ms"] else "-",
                      f"{fmt(r['error_then'])}{mark}" if r["error_then"] else "-", fmt(r["modelled_ms"]),
                      f"{fmt(r['error'])}{mark}", *_cells(r["serial_then_ms"], r["kernel_ms"] or r["call_ms"], mark),
                      *_cells(r["serial_ms"], r["kernel_ms"] or r["call_ms"], mark)])
     return "\n".join([
-        "Modelled (static model, not measured) against measured on an H200. Error = modelled / measured kernel "
+        "Modelled (static model of an H200, not measured) against measured on the GPU each row names. Error = "
+        "modelled / measured kernel "
         "time ((call): against the call time, where the run measured no kernel time). \"then\": the model of "
         "the measured commit's kernels (bench/static_at.sh); \"report\": this report's kernels, which may have "
         "changed since. \"serial\": each kernel's issue and latency terms added (bench/static_calibration.py "

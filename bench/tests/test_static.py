@@ -295,6 +295,7 @@ def test_calibration_sets_each_measured_call_beside_the_model(tmp_path):
     (ratio,) = sc.ratios(list(rows.values()))
     # measured; modelled then, / measured; report, / measured; serial then, / measured; report, / measured
     assert ratio[4:] == ["0.75", "0.75", "1", "0.5", "0.667", "0.938", "1.25", "0.75", "1"]
+    assert ratio[3] == "1680d6f (2026-11-30-gpu, NVIDIA H200)"  # the GPU from the run's label
     now = report("5e0f218", 2.0, 0.1, 0.2, (0.24, 0.32))
     assert "measured at" in sc.table(now, tmp_path)
     assert "(no run recorded each kernel's time yet)" in sc.table(now, tmp_path)
