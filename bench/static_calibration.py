@@ -107,26 +107,33 @@ def serial_ms(kernels: list[dict]) -> float | None:
     return total
 
 
+def call_kernels(data: dict | None, c: dict | None, peer: bool = False) -> list[dict] | None:
+    """A report's launches of call `c`, or of its peer's call (peer_calls), or None without them."""
+    if data is None or c is None:
+        return None
+    if peer:
+        c = data.get("peer_calls", {}).get(c["peer"].get("ref"))
+    return None if c is None else c.get("kernels")
+
+
+def call_serial(data: dict, c: dict, peer: bool = False) -> float | None:
+    """The serial estimate of call `c` (or its peer's) in report `data`."""
+    kernels = call_kernels(data, c, peer)
+    return None if kernels is None else serial_ms(kernels)
+
+
 def _serial(data: dict, m: dict) -> float | None:
     """The serial estimate of the call (or its peer's) measured in `m`, from report `data`."""
     c = _call(data, m)
-    if c is None:
-        return None
-    if not m["peer"]:
-        return serial_ms(c["kernels"]) if "kernels" in c else None
-    peer = data.get("peer_calls", {}).get(c["peer"].get("ref"))
-    return serial_ms(peer["kernels"]) if peer else None
+    return None if c is None else call_serial(data, c, m["peer"])
 
 
 def _modelled_kernels(data: dict | None, m: dict, serial: bool = False) -> dict[str, float]:
     """{kernel name: modelled ms} of the measured call's kernels in a report, ours or the peer's at
     the configurations the model chose (their launches summed); serial: their serial estimates
     (module doc)."""
-    c = None if data is None else _call(data, m)
-    if c is not None and m["peer"]:
-        c = data.get("peer_calls", {}).get(c["peer"].get("ref"))
     out: dict[str, float] = {}
-    for k in (c or {}).get("kernels", []):
+    for k in call_kernels(data, None if data is None else _call(data, m), m["peer"]) or []:
         if k.get("chosen", True) and isinstance(k.get("model"), dict):
             t = serial_ms([k]) if serial else k["model"]["time_ms"]
             if t is not None:

@@ -109,9 +109,7 @@ def markdown(data: dict) -> str:
 def serial(data: dict, c: dict) -> tuple[float | None, float | None]:
     """The call's serial estimate and its ratio to the peer's (bench.static_calibration.serial_ms;
     None where the peer is not modelled kernel by kernel)."""
-    ours = static_calibration.serial_ms(c["kernels"])
-    peer_call = data.get("peer_calls", {}).get(c["peer"].get("ref"))
-    peer = static_calibration.serial_ms(peer_call["kernels"]) if peer_call else None
+    ours, peer = (static_calibration.call_serial(data, c, peer) for peer in (False, True))
     return ours, ours / peer if ours is not None and peer else None
 
 
@@ -153,7 +151,8 @@ def readme_block(data: dict) -> str:
         f"Modelled on an H200 ({LABEL}; {data['date']}, {commits(data)}, model {data.get('model_version')}), "
         f"bfloat16, batch 1, {README_SIZES['prefill']} tokens (decode: batch {README_SIZES['decode']}); "
         "32768 tokens, batches 128 and 256 and every kernel's figures are in `static.md`. Serial: each "
-        "kernel's issue and latency terms added (bench/static_calibration.py):", "",
+        "kernel's issue and latency terms added, or its memory or tensor term where larger "
+        "(bench/static_calibration.py):", "",
         markdown_table(["call", "shape", "ms", "bound (largest kernel)", "must-move ms", "peer ms (mamba_ssm)",
                         "ours / peer", "serial ms", "ours / peer, serial"], rows)])
 
