@@ -88,15 +88,17 @@ def make_pass(case, dtype, device):
                            mm_tol=TOLERANCE[tk.MATMUL_DTYPES[dtype]])
 
 
-def run_stage(stage, case, dtype, device, *inputs):
-    """A pass (make_pass) after the Triton stage `stage` ran on a workspace that is NaN but for the
-    scratch named in `inputs`, copied in from the references (cs converted to base 2, each rounded
-    to its scratch's dtype): (the pass, the workspace)."""
-    run = make_pass(case, dtype, device)
+def run_stage(stage, case, dtype, device, *inputs, run=None):
+    """A pass (make_pass, or `run`) after the Triton stage `stage` ran on a workspace that is NaN
+    (-1 for the non-finite marks) but for the scratch named in `inputs`, copied in from the
+    references (cs converted to base 2, each rounded to its scratch's dtype): (the pass, the
+    workspace)."""
+    run = run or make_pass(case, dtype, device)
     ws = tk.new_workspace(run.p, run.tables)
     for f in fields(ws):
         if f.name not in ("cfg", "counters", "flags"):  # the scratch; the fused pass's counters are ints
-            getattr(ws, f.name).fill_(float("nan"))
+            scratch = getattr(ws, f.name)
+            scratch.fill_(float("nan") if scratch.is_floating_point() else -1)
     for name in inputs:
         value = getattr(run.want, name)
         getattr(ws, name).copy_(value * LOG2E if name == "cs" else value)
@@ -131,6 +133,39 @@ def test_stage3_chunk_state(case, dtype, device):
     run, ws = run_stage(tk.stage3_chunk_state, case, dtype, device, "dt", "cs")
     assert_rel_close(ws.states, run.want.states, run.mm_tol, "chunk states")
     assert_rel_close(ws.partial, run.want.partial, run.mm_tol, "inner captures' partial states")
+    assert torch.equal(ws.nonfinite, nonfinite_marks(run, ws.cfg["BLOCK_P"])), "non-finite marks of finite inputs"
+
+
+def nonfinite_marks(run, block_p):
+    """Workspace.nonfinite from its definition: 1 where chunk c's x holds a non-finite entry in head
+    h's P block, from x itself."""
+    x = run.inp.x
+    nheads, headdim = x.shape[2:]
+    n_pblocks = -(-headdim // block_p)
+    marks = torch.zeros(run.tables.nchunks, nheads, n_pblocks, dtype=torch.int8, device=x.device)
+    for c, (b, t0, n) in enumerate(run.tables.chunk_list):
+        for i in range(n_pblocks):
+            block = x[b, t0:t0 + n, :, i * block_p:(i + 1) * block_p]
+            marks[c, :, i] = (~block.isfinite()).any(2).any(0).to(torch.int8)
+    return marks
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf, as on a GPU
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stage3_marks_each_chunks_nonfinite_x(dtype, device, monkeypatch):
+    """Stage 3 marks (chunk, head, P block) where the chunk's x holds a NaN or an inf, at a chunk's
+    first and last token and inside one, in one P block of two (headdim 80: P blocks of 64, or 16 x
+    5 for float32), and nowhere else; the output kernel's fix-up rests on these marks."""
+    monkeypatch.setitem(CASES, "wide", dict(CASES["varlen"], dims=dict(nheads=2, headdim=80, ngroups=1, dstate=16)))
+    run = make_pass("wide", dtype, device)
+    x = run.inp.x  # (1, 58, 2, 80): chunks of 16, 4, 1 and 16, 16, 5 tokens
+    for t, h, p, value in [(0, 0, 3, float("nan")), (20, 1, 70, float("inf")), (27, 0, 79, -float("inf")),
+                           (57, 1, 0, float("nan"))]:
+        x[0, t, h, p] = value
+    run, ws = run_stage(tk.stage3_chunk_state, "wide", dtype, device, "dt", "cs", run=run)
+    want = nonfinite_marks(run, ws.cfg["BLOCK_P"])
+    assert 0 < int(want.sum()) < want.numel()
+    assert torch.equal(ws.nonfinite, want), "non-finite marks"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -11,7 +11,8 @@ import sys
 from bench.common import REPO_ROOT
 
 
-MATMUL_STAGES = ("_chunk_cb_kernel", "_chunk_state_kernel", "_chunk_output_kernel", "_fused_pass_kernel")
+MATMUL_STAGES = ("_chunk_cb_kernel", "_chunk_state_kernel", "_chunk_output_kernel", "_nonfinite_output_kernel",
+                 "_fused_pass_kernel")
 
 
 def _tile_rows(line: str) -> int:
@@ -39,4 +40,4 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert matmuls and all(", MMA wgmma " in line for line in matmuls), [m for m in matmuls if "wgmma" not in m]
     assert kernels == {"_scan_kernel", "_dt_table_kernel", "_mamba1_chunk_kernel", "_stage_bc_kernel", "_conv_kernel",
                        "_dt_cumsum_kernel", "_chunk_cb_kernel", "_chunk_state_kernel", "_state_passing_kernel",
-                       "_chunk_output_kernel", "_fused_pass_kernel"}, kernels
+                       "_chunk_output_kernel", "_nonfinite_output_kernel", "_fused_pass_kernel"}, kernels

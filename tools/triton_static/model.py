@@ -463,13 +463,13 @@ def _loop_shares(loop: Loop, lines: dict[str, float], executions: float | None) 
 def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list[str]]:
     """How many times the loop body ran over the whole grid: the median, over its instructions,
     of how many times each one's source line ran (lines outside the loop that the compiler
-    placed in it, and prologue copies, do not move a median); 0 for a loop of inlined helpers
-    whose call site never ran (see _straight_share), and for one whose body never ran
+    placed in it, and prologue copies, do not move a median); 0 for a loop no line of which ran,
+    nor any of its call sites (a loop of inlined helpers whose call site never ran, see
+    _straight_share, or one in a branch no program took), and for one whose body never ran
     (_in_unentered_loop)."""
     counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
-    chains = [i.chain for i in loop.instrs if i.chain]
-    if not counted and lines and chains and all(len(chain) > 1 for chain in chains):
-        return 0.0, []  # an inlined helper's loop whose call site no program reached
+    if not counted and lines and any(i.chain for i in loop.instrs):
+        return 0.0, []  # no program reached it
     ran = _ran_suffixes(lines)
     body = [i for i in loop.instrs if i.chain and not _on_for_line(i.where)]
     if lines and body and all(_in_unentered_loop(i.where, lines, ran) for i in body):

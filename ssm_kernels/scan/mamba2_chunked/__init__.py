@@ -32,11 +32,13 @@ MAX_CHUNK_SIZE = 1024
 #   chain (661 SASS instructions; a program is one warp of 16 state rows, and the 320 programs of
 #   the layer fit one wave, at most one on each scheduler), about 335 cycles a token, 0.18 us at
 #   1.9 GHz: about 23 us for 128 tokens, 45 us for 256;
-# - chunked: five kernel launches whatever the length up to one chunk, with or without captures,
-#   each a short wave; at about 4 us per launch (launch latency plus one wave, assumed) that is
-#   about 20 us.
-# They cross near 20 / 0.18 = 113 tokens: the threshold is the next power of two. The GPU suite's
-# crossover section (bench/scan.py) measures it; replace this value with the measured one.
+# - chunked: six kernel launches whatever the length up to one chunk, with or without captures
+#   (five stages and the output kernel's fix-up), each a short wave; at about 4 us per launch
+#   (launch latency plus one wave, assumed) that is about 24 us.
+# They cross near 24 / 0.18 = 133 tokens; the threshold stays at 128 (113 tokens with five
+# launches, before the fix-up): the H200 ran the recurrent pass at 3x this model's time, so the
+# real crossover is lower. The GPU suite's crossover section (bench/scan.py) measures it; replace
+# this value with the measured one.
 AUTO_CHUNKED_MIN_TOKENS = 128
 
 RULES = ChunkedRules(DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, AUTO_CHUNKED_MIN_TOKENS, min_reason="the smallest tl.dot tile")
@@ -49,7 +51,7 @@ def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> N
 
     The pass's tables come from a recent pass like it where there is one (tables.recent_pass), and
     on Triton so do its launches: from a layout's fourth call on (a model's fourth layer over one
-    batch), the five kernels are launched as the second and third calls launched them, with this
+    batch), the kernels are launched as the second and third calls launched them, with this
     call's tensors and new scratch (_replay.py), without the stages' host work."""
     p = problem
     recent = recent_pass(p.seqs, p.captures, chunk_size, start_positions, p.x.device)

@@ -17,9 +17,11 @@ out (chunk or capture, head or group, ...):
    group), the causal blocks only, in the matmul dtype.
 3. _chunk_state_kernel   (chunk + capture rows, head, P x N block): each chunk's own
    contribution to its end state, in the matmul dtype (float32 accumulation, rounded once as
-   stored: half the bytes of float32 through memory, written here and read by kernel 4); the grid
-   rows past the chunks, one per capture inside a chunk (offset j), the contribution of its
-   chunk's first j tokens, likewise (`partial`), beside the chunks' programs rather than after them.
+   stored: half the bytes of float32 through memory, written here and read by kernel 4), and a
+   mark where the chunk's x holds a non-finite entry (`nonfinite`, a (chunk, head, P block) byte);
+   the grid rows past the chunks, one per capture inside a chunk (offset j), the contribution of
+   its chunk's first j tokens, likewise (`partial`), beside the chunks' programs rather than after
+   them.
 4. _state_passing_kernel (sequence, head, P*N block): walks a sequence's chunks in order,
    S_{c+1} = decay_c * S_c + own_c, and writes each chunk-start state in the matmul dtype (the
    output kernel's operand), the final state, and the captures: at chunk starts and sequence
@@ -37,7 +39,10 @@ out (chunk or capture, head or group, ...):
    row and exp(r - cs_j) per source token, both <= 1 (cs falls along the chunk), so an element
    costs a multiply instead of an exp; the diagonal block takes one exp per element. A program
    reads its chunk's span from the chunk table, or finds it from the chunk's index where each
-   sequence starts its own batch row on the grid (ChunkTables.row_chunks).
+   sequence starts its own batch row on the grid (ChunkTables.row_chunks). Then its fix-up,
+   _nonfinite_output_kernel: the marked (chunk, head, P block)s' y again, with the diagonal
+   block's non-finite handling (below), by the same program; a few programs, each of which reads
+   its marks and, nearly always, ends there.
 
 The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 2 to 5 in one launch
 (_fused_pass_kernel, stage2to5_fused) with the same program functions as their kernels: its
@@ -53,7 +58,9 @@ its partial in the matmul dtype (written by kernel 3, read by kernel 4) and its 
 
 A NaN or inf in one token's inputs reaches that token and later ones only: masks are selects, not
 multiplies by zero, and a non-finite x entry of the diagonal block is kept out of its matmul and
-marks its column NaN from its row on (NaN where the float64 reference may give +-inf).
+marks its column NaN from its row on (NaN where the float64 reference may give +-inf): by the
+output kernel's fix-up, for the (chunk, head, P block)s stage 3 marked, so that the output kernel
+itself never tests x (the fused pass's output programs test every block).
 
 Matmuls: bfloat16 and float16 inputs multiply in bfloat16 (MATMUL_DTYPES: float16's range is too
 small for the chunk-start states and C B^T) with float32 accumulation (tensor cores: wgmma on
@@ -91,6 +98,10 @@ CHUNK_COLUMNS = tl.constexpr(len(ChunkRow._fields))
 INNER_COLUMNS = tl.constexpr(len(ChunkCapture._fields))
 STEP_COLUMNS = tl.constexpr(STEP_WIDTH)
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's third axis
+# Marks (Workspace.nonfinite) a program of the output kernel's fix-up reads: 80 programs at Mamba-2
+# 2.7B's 80 heads and 8192 tokens, one wave at one program an SM. Where every mark is set (every
+# chunk's x non-finite), a program computes 32 (chunk, head, P block)s' y one after another.
+FIXUP_MARKS = 32
 
 
 @triton.jit
@@ -244,12 +255,13 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
 
 @triton.jit
 def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr,
-                         partial_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
+                         partial_ptr, nonfinite_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                          CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, MARK_NONFINITE: tl.constexpr):
     """Stage 3's program for grid row i_row (a chunk, or past the chunks an inner capture), head
-    i_h and P x N block i_pn."""
+    i_h and P x N block i_pn. With MARK_NONFINITE, a chunk's program of the first N block also
+    stores whether the chunk's x holds a non-finite entry in the head's P block (Workspace.nonfinite)."""
     o_p, m_p, o_n, m_n = _pn_block(i_pn, n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
     if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
         i_c = i_row
@@ -269,6 +281,15 @@ def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_
     if i_row < nchunks:
         p_own = states_ptr + (i_c * nheads + i_h) * headdim * dstate + o_pn
         tl.store(p_own, cast_for_store(acc, DOT_DTYPE).to(p_own.dtype.element_ty), mask=m_pn)
+        if MARK_NONFINITE:
+            # A non-finite x_jp makes every element of the contribution's row p non-finite (inf
+            # times B's entries and the decay, inf * 0 = NaN, sums with an inf or a NaN), and a sum
+            # holding one is non-finite: one reduction of the tile the program holds, not a test
+            # of each x. A false mark (B or dt non-finite, or a sum past float32) costs only the
+            # fix-up's time (stage5_chunk_output).
+            if i_pn % n_nblocks == 0:
+                p_mark = nonfinite_ptr + (i_c * nheads + i_h) * tl.cdiv(headdim, BLOCK_P) + i_pn // n_nblocks
+                tl.store(p_mark, (~(tl.abs(tl.sum(acc)) < float("inf"))).to(tl.int8))
     else:
         p_part = partial_ptr + ((i_row - nchunks) * nheads + i_h) * headdim * dstate + o_pn
         tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_pn)
@@ -276,14 +297,14 @@ def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_
 
 @triton.jit(do_not_specialize=["nchunks"])
 def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
-                        headdim, dstate, nheads, heads_per_group, n_nblocks,
+                        nonfinite_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     _chunk_state_program(tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2), x_ptr,
-                         B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, headdim,
-                         dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
-                         s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                         B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, nonfinite_ptr,
+                         headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
+                         s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, True)
 
 
 @triton.jit
@@ -407,9 +428,12 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                           HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                           HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                          NONFINITE_X: tl.constexpr):
     """Stage 5's program for chunk i_c, head i_h and M x P block i_mp; the chunk's span (batch row,
-    first token, length, sequence) as _chunk_span gives it."""
+    first token, length, sequence) as _chunk_span gives it. NONFINITE_X: the diagonal block's x may
+    hold a non-finite entry (below); without it, the block's x goes straight into its matmul, and
+    a non-finite entry there would reach the rows above it."""
     i_m = i_mp // n_pblocks
     i_p = i_mp % n_pblocks
     i_g = i_h.to(tl.int32) // heads_per_group
@@ -465,10 +489,13 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
         b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \
             * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
         b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
-        bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
-        acc += _dot(b_w, tl.where(bad, 0.0, b_x), DOT_DTYPE)
-        first_bad = tl.min(tl.where(bad, o_m[:, None], CHUNK), axis=0)  # [BP]
-        acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)
+        if NONFINITE_X:
+            bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
+            acc += _dot(b_w, tl.where(bad, 0.0, b_x), DOT_DTYPE)
+            first_bad = tl.min(tl.where(bad, o_m[:, None], CHUNK), axis=0)  # [BP]
+            acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)
+        else:
+            acc += _dot(b_w, b_x, DOT_DTYPE)
         if HAS_D:
             acc += b_D[None, :] * b_x.to(tl.float32)
         if HAS_Z:
@@ -513,7 +540,40 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                           dstate, nheads, heads_per_group, n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE)
+                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE, False)
+
+
+@triton.jit(do_not_specialize=["nmarks"])
+def _nonfinite_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chunks_ptr, cb_ptr, start_ptr,
+                             nonfinite_ptr, nmarks, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
+                             n_pblocks,
+                             s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                             s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                             HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                             MARKS: tl.constexpr):
+    """Stage 5's fix-up, after _chunk_output_kernel: y again, with the diagonal blocks' non-finite
+    handling, for each (chunk, head, P block) that stage 3 marked (Workspace.nonfinite), by the
+    same program as the output kernel's. A program reads MARKS marks in one request; one without a
+    mark, nearly all of them, ends there."""
+    o = tl.program_id(0) * MARKS + tl.arange(0, MARKS)
+    if tl.max(tl.load(nonfinite_ptr + o, mask=o < nmarks, other=0)) != 0:
+        NM: tl.constexpr = CHUNK // BLOCK_M
+        for j in range(MARKS * NM):  # one loop over (mark, row block): nested loops took more registers
+            i_mark = tl.program_id(0) * MARKS + j // NM
+            if i_mark < nmarks:
+                if tl.load(nonfinite_ptr + i_mark) != 0:
+                    i_c = (i_mark // (nheads * n_pblocks)).to(tl.int64)
+                    i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
+                    _chunk_output_program(i_c, (i_mark // n_pblocks % nheads).to(tl.int64),
+                                          j % NM * n_pblocks + i_mark % n_pblocks, i_b, t0, n_tok.to(tl.int32), i_s,
+                                          x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr, start_ptr,
+                                          slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
+                                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
+                                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
+                                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D,
+                                          DOT_DTYPE, True)
 
 
 @triton.jit
@@ -584,8 +644,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     if t < n_partial:  # the partial of inner capture t // n_state: stage 3's row past the chunks
         _chunk_state_program((nchunks + t // n_state).to(tl.int64), ((t % n_state) // N_PN).to(tl.int64), t % N_PN,
                              x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
-                             headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
-                             s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                             partial_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h,
+                             s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
         _raise(p_partial_flags + t // N_PN)
     elif t < n_partial + (nchunks + 2) * group:
         g = (t - n_partial) // group
@@ -593,9 +653,9 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
         if r < n_state:
             if g < nchunks:  # chunk g's own contribution to its end state
                 _chunk_state_program(g.to(tl.int64), (r // N_PN).to(tl.int64), r % N_PN, x_ptr, B_ptr, dt_ptr,
-                                     cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, headdim, dstate,
-                                     nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
-                                     s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                                     cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, partial_ptr, headdim,
+                                     dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
+                                     s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
                 _raise(flags_ptr + g * nheads + r // N_PN)
         elif r < n_state + n_walk:
             if (g >= 1) & (g <= nchunks):  # chunk g-1's walk, a block of its state
@@ -647,7 +707,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
                                       n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                                       s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE)
+                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE,
+                                      True)
         else:
             if g < nchunks:  # chunk g's C B^T, a block of a group's
                 r_cb = r - n_state - n_walk - n_out
@@ -703,6 +764,10 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         # The output kernel: 2 stages and at most 168 registers for 16-bit inputs, so that three
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
         output=dict(num_warps=4, num_stages=2, maxnreg=168) if wide else dict(num_warps=8, num_stages=2),
+        # Its fix-up (stage5_chunk_output), the same program in a loop over its marks: twice the
+        # warps and no register cap, so that the loop's registers do not make it spill (few
+        # programs, which rarely go past their marks).
+        fixup=dict(num_warps=8, num_stages=2) if wide else dict(num_warps=16, num_stages=2),
         # C B^T: a program's loop has one or two dstate blocks at 16 bits, which two stages pipeline;
         # a third would only take shared memory (96 KB, two programs an SM, against 64 KB and three).
         cb=dict(num_warps=4, num_stages=2),
@@ -727,6 +792,9 @@ class Workspace:
     states: torch.Tensor
     partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
     start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
+    # (nchunks, nheads, P blocks) int8: 1 where the chunk's x holds a non-finite entry in the head's
+    # P block, else 0 (stage 3, which may also mark a clean block: below, stage5_chunk_output)
+    nonfinite: torch.Tensor
     # The fused pass's (stage2to5_fused), None for the five stages: its generation and next ticket
     # (int32, advanced and reset by stage 1), and its flags (int32 from zeros, each raised by its producers
     # once a pass).
@@ -739,7 +807,7 @@ class Workspace:
 
     @property
     def launch(self) -> dict:
-        """Launch options of the stages without their own (cfg["cumsum"], cfg["cb"], cfg["output"])."""
+        """Launch options of the stages without their own (cfg["cumsum"], cfg["cb"], cfg["output"], cfg["fixup"])."""
         return dict(num_warps=self.cfg["num_warps"], num_stages=self.cfg["num_stages"])
 
     @property
@@ -766,6 +834,7 @@ def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
         torch.empty(nchunks, ngroups, chunk, chunk, **mm),
         torch.empty(nchunks, nheads, headdim, dstate, **(f32 if FUSED_PASS else mm)),
         torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm),
+        torch.empty(nchunks, nheads, triton.cdiv(headdim, cfg["BLOCK_P"]), dtype=torch.int8, device=p.x.device),
         counters, flags)
 
 
@@ -794,8 +863,8 @@ def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
 
 
 def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
-    """Stage 3, a program per (chunk or inner capture, head, P x N block): ws.states and
-    ws.partial, from ws.dt and ws.cs."""
+    """Stage 3, a program per (chunk or inner capture, head, P x N block): ws.states, ws.partial
+    and ws.nonfinite, from ws.dt and ws.cs."""
     nheads, headdim, dstate, ngroups = p.dims
     nchunks, ninner = tables.nchunks, tables.inner.shape[0]
     if not nchunks:
@@ -806,7 +875,7 @@ def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> No
     # dtype): the kernel is the same binary with or without inner captures.
     launch(_chunk_state_kernel, (nchunks + ninner, nheads, triton.cdiv(headdim, bp) * n_nblocks),
         p.x, p.B, ws.dt, ws.cs, tables.chunks, ws.states, nchunks, ptr_or(tables.inner, tables.chunks),
-        ptr_or(ws.partial, ws.start), headdim, dstate, nheads, nheads // ngroups, n_nblocks,
+        ptr_or(ws.partial, ws.start), ws.nonfinite, headdim, dstate, nheads, nheads // ngroups, n_nblocks,
         *p.x.stride(), *p.B.stride(),
         CHUNK=tables.chunk_size, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=ws.cfg["BLOCK_K"], **ws.dot, **ws.launch)
 
@@ -833,7 +902,16 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
 
 def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     """Stage 5, a program per (chunk, head, M x P block): p.y (not for skipped rows), from ws.dt,
-    ws.cs, ws.cb and ws.start."""
+    ws.cs, ws.cb and ws.start; then its fix-up, y again where ws.nonfinite marks a non-finite x.
+
+    The output kernel takes every diagonal block's x straight into its matmul, where a non-finite
+    entry would reach the rows above it through their zero weights; the fix-up computes the marked
+    (chunk, head, P block)s' y again, each diagonal block's non-finite x kept out of its matmul and
+    marking its column NaN from its row on (the same program with NONFINITE_X). The test and the
+    marking took 15% of the output kernel's issue slots and 18% of its latency (modelled) where
+    nearly every pass has none; the fix-up is a launch of a few programs that each read their marks
+    and end. Every other y is the output kernel's, and on a clean block the two compute the same
+    operands the same way."""
     nheads, headdim, dstate, ngroups = p.dims
     nchunks = tables.nchunks
     if not nchunks:
@@ -841,18 +919,24 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
     out = p.state_out  # a stand-in for absent inputs
     bm, bp = ws.cfg["BLOCK_M"], ws.cfg["BLOCK_P"]
     n_pblocks = triton.cdiv(headdim, bp)
+    common = (p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y)
+    dims_strides = (headdim, dstate, nheads, nheads // ngroups, n_pblocks, *p.x.stride(), *p.C.stride(),
+                    *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride())
+    slots = (ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot)
+    tiles = dict(CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot)
     # One launch unless a pass has more chunks than a grid's third axis holds; each further launch
     # takes the chunk-indexed tables and scratch from its first chunk on (and the table's spans).
     row_chunks = tables.row_chunks if nchunks <= MAX_GRID_Z else 0
     for c0 in range(0, nchunks, MAX_GRID_Z):
         c = slice(c0, c0 + MAX_GRID_Z)
         launch(_chunk_output_kernel, (tables.chunk_size // bm * n_pblocks, nheads, min(nchunks - c0, MAX_GRID_Z)),
-            p.x, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt[c], ws.cs[c], tables.chunks[c], ws.cb[c],
-            ws.start[c], ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot,
-            row_chunks, p.seqs.lengths[0] if row_chunks else 0, headdim, dstate, nheads, nheads // ngroups, n_pblocks,
-            *p.x.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride(),
-            **flags_for(_chunk_output_kernel, p), CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp,
-            BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["output"])
+            *common, ws.dt[c], ws.cs[c], tables.chunks[c], ws.cb[c], ws.start[c], *slots,
+            row_chunks, p.seqs.lengths[0] if row_chunks else 0, *dims_strides,
+            **flags_for(_chunk_output_kernel, p), **tiles, **ws.cfg["output"])
+    nmarks = ws.nonfinite.numel()
+    launch(_nonfinite_output_kernel, (triton.cdiv(nmarks, FIXUP_MARKS),),
+        *common, ws.dt, ws.cs, tables.chunks, ws.cb, ws.start, ws.nonfinite, nmarks, *slots, *dims_strides,
+        **flags_for(_nonfinite_output_kernel, p), **tiles, MARKS=FIXUP_MARKS, **ws.cfg["fixup"])
 
 
 class FusedCounts(NamedTuple):
