@@ -60,8 +60,10 @@ def test_the_suites_summary_lists_each_variant_against_the_unchanged_copy():
 
 def test_the_modelled_ratios_name_every_variant():
     """The committed static report of the variants (ablate.MODELLED) has a row for each variant
-    with an edit, each faster than the real kernel, modelled."""
+    with an edit, each faster than the real kernel by the serial estimate and no slower by the
+    model's time (a part taken out may leave the term that bounds the kernel as it was)."""
     for serial in (False, True):
         ratios = ablate.modelled_ratios(serial=serial)
         assert list(ratios) == list(ablate.VARIANTS)
-        assert ratios["unchanged"] == 1 and all(0 < r < 1 for name, r in ratios.items() if name != "unchanged")
+        faster = (lambda r: 0 < r < 1) if serial else (lambda r: 0 < r <= 1)
+        assert ratios["unchanged"] == 1 and all(faster(r) for name, r in ratios.items() if name != "unchanged")

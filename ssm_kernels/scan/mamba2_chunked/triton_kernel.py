@@ -653,8 +653,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
         if r < n_state:
             if g < nchunks:  # chunk g's own contribution to its end state
                 _chunk_state_program(g.to(tl.int64), (r // N_PN).to(tl.int64), r % N_PN, x_ptr, B_ptr, dt_ptr,
-                                     cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, partial_ptr, headdim,
-                                     dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
+                                     cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, partial_ptr,
+                                     headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
                 _raise(flags_ptr + g * nheads + r // N_PN)
         elif r < n_state + n_walk:
