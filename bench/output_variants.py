@@ -4,9 +4,10 @@ bench.static models them: its "ablation: ..." workloads).
 Each VARIANTS entry is the kernel module's source with lines of `_chunk_output_program` replaced
 (each edit must match there once), loaded as a module of its own, whose output kernel stands in
 for the real one (stage 5 launches it; the other four stages are unchanged). A variant without a
-part computes a wrong y: only its cost counts. "unchanged" has no edit: a copy of the kernel that
-must give the real one's bits. This module chooses no Triton mode: the kernel module is imported
-when a variant is first made, under the importer's choice.
+part computes a wrong y: only its cost counts. One puts a part back: the non-finite handling that
+the output kernel leaves to its fix-up, as every program ran it before. "unchanged" has no edit:
+a copy of the kernel that must give the real one's bits. This module chooses no Triton mode: the
+kernel module is imported when a variant is first made, under the importer's choice.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ INTER = ("for d0 in range(0, dstate, BLOCK_D):", "for d0 in range(0, 0, BLOCK_D)
 BELOW = ("for k0 in range(0, m0, BLOCK_M):", "for k0 in range(0, 0, BLOCK_M):")
 DIAGONAL_EXP = ('exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))',
                 "tl.where(causal, 1.0, 0.0)")
+# A part put back: the diagonal block's non-finite handling, which only the fix-up's programs run
+# (stage5_chunk_output), in every program as before the fix-up: the same y on finite inputs.
+NONFINITE = ("        if NONFINITE_X:", "        if True:")
 # name: (old, new) edits of _chunk_output_program's source
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "unchanged": [],
@@ -34,6 +38,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no blocks below the diagonal (their loads, weights and matmuls)": [BELOW],
     "no exp in the diagonal block's weights": [DIAGONAL_EXP],
     "only the diagonal block (all three out)": [INTER, BELOW, DIAGONAL_EXP],
+    "with the non-finite handling in every block (as before its fix-up)": [NONFINITE],
 }
 
 

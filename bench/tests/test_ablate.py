@@ -31,6 +31,8 @@ def test_the_unchanged_copy_is_bitwise_and_an_ablation_reaches_the_pass(tmp_path
     assert list(rows) == list(ablate.VARIANTS)
     assert rows["unchanged"]
     assert not rows["no inter-chunk term (C S0^T: its loads and matmul)"]
+    # the handling the fix-up runs changes no bit of a finite pass's y
+    assert rows["with the non-finite handling in every block (as before its fix-up)"]
 
 
 def test_the_gpu_measurement_sets_each_variant_beside_the_unchanged_copy():
@@ -60,10 +62,13 @@ def test_the_suites_summary_lists_each_variant_against_the_unchanged_copy():
 
 def test_the_modelled_ratios_name_every_variant():
     """The committed static report of the variants (ablate.MODELLED) has a row for each variant
-    with an edit, each faster than the real kernel by the serial estimate and no slower by the
-    model's time (a part taken out may leave the term that bounds the kernel as it was)."""
+    with an edit: a part taken out faster than the real kernel by the serial estimate and no slower
+    by the model's time (the term that bounds the kernel may stay as it was), the part put back
+    slower by the serial estimate and no faster by the model's time."""
     for serial in (False, True):
         ratios = ablate.modelled_ratios(serial=serial)
         assert list(ratios) == list(ablate.VARIANTS)
-        faster = (lambda r: 0 < r < 1) if serial else (lambda r: 0 < r <= 1)
-        assert ratios["unchanged"] == 1 and all(faster(r) for name, r in ratios.items() if name != "unchanged")
+        assert ratios.pop("unchanged") == 1
+        put_back = ratios.pop("with the non-finite handling in every block (as before its fix-up)")
+        assert put_back > 1 if serial else put_back >= 1
+        assert all(0 < r < 1 if serial else 0 < r <= 1 for r in ratios.values())

@@ -464,11 +464,14 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     """How many times the loop body ran over the whole grid: the median, over its instructions,
     of how many times each one's source line ran (lines outside the loop that the compiler
     placed in it, and prologue copies, do not move a median); 0 for a loop no line of which ran,
-    nor any of its call sites (a loop of inlined helpers whose call site never ran, see
-    _straight_share, or one in a branch no program took), and for one whose body never ran
-    (_in_unentered_loop)."""
+    nor any of its call sites, in a file whose lines were counted (a loop of inlined helpers whose
+    call site never ran, see _straight_share, or one in a branch no program took; a binary whose
+    lines name another copy of the source, which Triton's cache may hand out, stays uncounted),
+    and for one whose body never ran (_in_unentered_loop)."""
     counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
-    if not counted and lines and any(i.chain for i in loop.instrs):
+    files = {site.rsplit(":", 1)[0] for key in lines for site in key.split("<")}
+    if not counted and any(i.chain and all(site.rsplit(":", 1)[0] in files for site in i.where.split("<"))
+                           for i in loop.instrs):
         return 0.0, []  # no program reached it
     ran = _ran_suffixes(lines)
     body = [i for i in loop.instrs if i.chain and not _on_for_line(i.where)]
