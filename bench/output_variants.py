@@ -62,10 +62,13 @@ def variant_source(edits: list[tuple[str, str]]) -> str:
 
 # The variant modules' files: named by their source's digest, so that every process (bench.static
 # counts in a subprocess of its own) loads a variant from the same path, which the static model keys
-# its per-line counts by (a binary that Triton's cache kept from a copy at another path names that
-# path: its loops go uncounted, and the report warns). Written once, never removed (a few small
-# files in the temp folder).
+# its per-line counts by. Written once, never removed (a few small files in the temp folder).
 VARIANTS_DIR = Path(tempfile.gettempdir()) / "ssm-kernels-output-variants"
+# Triton keys a kernel's binary by its source and first line, not by its file: the output kernel of
+# each copy names the copy's source in a comment before this line, so that Triton's cache never
+# hands a copy the binary of another (whose lines name that copy's file: the counts would miss
+# them, and the report warns).
+NAMED_BEFORE = "    pid_c = tl.program_id(2)\n"
 
 
 @functools.cache
@@ -73,7 +76,11 @@ def variant(name: str):
     """VARIANTS[name] as a module of its own (a file, as Triton reads a kernel's source)."""
     slug = re.sub(r"\W+", "_", name).strip("_")
     source = variant_source(VARIANTS[name])
-    path = VARIANTS_DIR / f"ablated_{slug}_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
+    if source.count(NAMED_BEFORE) != 1:
+        raise ValueError(f"the kernel module holds {source.count(NAMED_BEFORE)} copies of {NAMED_BEFORE!r}, not one")
+    digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:16]  # noqa: E731
+    source = source.replace(NAMED_BEFORE, f"    # ablated_{slug}, source {digest(source)}\n{NAMED_BEFORE}")
+    path = VARIANTS_DIR / f"ablated_{slug}_{digest(source)}.py"
     if not path.exists():
         VARIANTS_DIR.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}")
