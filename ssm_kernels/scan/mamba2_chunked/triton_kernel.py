@@ -765,9 +765,10 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         # programs fit an SM (shared memory and registers); float32 needs 8 warps not to spill.
         output=dict(num_warps=4, num_stages=2, maxnreg=168) if wide else dict(num_warps=8, num_stages=2),
         # Its fix-up (stage5_chunk_output), the same program in a loop over its marks: twice the
-        # warps and no register cap, so that the loop's registers do not make it spill (few
-        # programs, which rarely go past their marks).
-        fixup=dict(num_warps=8, num_stages=2) if wide else dict(num_warps=16, num_stages=2),
+        # warps and no register cap, float32 at one pipeline stage (two spilled 112 B under Triton
+        # 3.6), so that the loop's registers do not make it spill (few programs, which rarely go
+        # past their marks).
+        fixup=dict(num_warps=8, num_stages=2) if wide else dict(num_warps=16, num_stages=1),
         # C B^T: a program's loop has one or two dstate blocks at 16 bits, which two stages pipeline;
         # a third would only take shared memory (96 KB, two programs an SM, against 64 KB and three).
         cb=dict(num_warps=4, num_stages=2),
