@@ -31,7 +31,8 @@ For one kernel launch on an H200:
               sites: a branch that only some programs take, such as the chunked state
               kernel's capture programs, counts for those programs only; in a loop, the body
               of an `if` inside the loop in the source counts for the iterations that ran it,
-              bar predicated instructions, which issue either way).
+              bar predicated instructions, which issue either way, unless the SASS jumps over
+              them; code a helper inlines there counts 0 where the branch never ran).
     latency = waves x one program's dependent time: the straight-line code (the path most
               programs take) and each loop iteration replayed in order for one warp as the
               hardware schedules it, by the bits ptxas encodes in each instruction
@@ -447,13 +448,22 @@ def _loop_shares(loop: Loop, lines: dict[str, float], executions: float | None) 
     """The fraction of a loop's iterations that issue each of its instructions: 1, but for code in
     a branch inside a loop's body in the source, its line's count / the loop's executions (at most
     1). A predicated instruction counts 1: the compiler may have turned a short branch into
-    predicated code, which issues whether or not its condition holds."""
+    predicated code, which issues whether or not its condition holds; but not where the SASS
+    jumps over it (Loop.jumped), and 0 there where its branch, or the call of a helper there, never
+    ran (_line_count would count that helper's lines as a caller further out, which ran)."""
+    ran = _ran_suffixes(lines)
+    files = {site.rsplit(":", 1)[0] for key in lines for site in key.split("<")}
     shares = []
     for instr in loop.instrs:
         share = 1.0
-        if executions and instr.chain and not instr.predicate and any(
-                line in _branch_lines_in_loops(path)
-                for path, line in (local_source(key) for key in instr.where.split("<"))):
+        chain = instr.where.split("<")
+        in_branch = [i for i, key in enumerate(chain)
+                     if local_source(key)[1] in _branch_lines_in_loops(local_source(key)[0])]
+        jumped = any(a <= instr.address < b for a, b in loop.jumped)
+        if executions and in_branch and jumped and any(
+                chain[i].rsplit(":", 1)[0] in files and "<".join(chain[i:]) not in ran for i in in_branch):
+            share = 0.0
+        elif executions and instr.chain and (jumped or not instr.predicate) and in_branch:
             count = _line_count(instr, lines)
             share = 1.0 if count is None else min(count / executions, 1.0)
         shares.append(share)

@@ -119,6 +119,9 @@ class Loop:
     end: int  # address of the backward branch
     depth: int = 0  # 0 for an outermost loop
     instrs: list[Instr] = field(default_factory=list)  # its own, nested loops' excluded
+    # [from, to) address ranges that a conditional forward branch in the loop jumps over: code
+    # in them runs only in the iterations that take that path
+    jumped: list[tuple[int, int]] = field(default_factory=list)
 
     def contains(self, address: int) -> bool:
         return self.start <= address <= self.end
@@ -264,7 +267,11 @@ def find_loops(instrs: list[Instr], labels: dict[str, int]) -> list[Loop]:
     for i in instrs:
         spans = [loop for loop in loops if loop.contains(i.address)]
         if spans:
-            min(spans, key=lambda loop: loop.end - loop.start).instrs.append(i)
+            loop = min(spans, key=lambda loop: loop.end - loop.start)
+            loop.instrs.append(i)
+            m = _TARGET.search(" ".join(i.operands)) if i.base == "BRA" and i.predicate else None
+            if m and i.address < labels.get(m["label"], 0) <= loop.end:
+                loop.jumped.append((i.address + 1, labels[m["label"]]))
     return loops
 
 

@@ -359,27 +359,31 @@ def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_pt
     shorter than a load, so a walk that waited on each step's loads was bound by their latency."""
     for t in tl.range(t_begin, t_end, num_stages=WALK_STAGES):
         c, first, last, start_entry, i_r, inner_entry, j = _step_row(steps_ptr, t)
-        # The chunk's own contribution and decay (stage 3, at its last step), an inner capture's
-        # partial and log decay, the capture rows.
-        is_first, is_last, inner = first + 0 * o != 0, last + 0 * o != 0, i_r + 0 * o >= 0
-        o_ch = (c * nheads + i_h) * size + o
-        b_own = tl.load(states_ptr + o_ch, mask=m & is_last, other=0.0).to(tl.float32)
+        # The chunk's own contribution and decay (stage 3, at its last step). Scalar masks and
+        # offsets from one scalar base: per-element flags and 64-bit offsets took most of a
+        # step's instructions.
+        o_ch = (c * nheads + i_h) * size
+        b_own = tl.load(states_ptr + o_ch + o, mask=tl.where(last != 0, m, False), other=0.0).to(tl.float32)
         b_decay = tl.load(decay_ptr + c * nheads + i_h)
-        b_part = tl.load(partial_ptr + (tl.maximum(i_r, 0) * nheads + i_h) * size + o, mask=m & inner, other=0.0)
-        b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
-        start_row, start_kept = _capture_row(capture_rows_ptr, start_entry, skip_slot, HAS_SKIP)
-        inner_row, inner_kept = _capture_row(capture_rows_ptr, inner_entry, skip_slot, HAS_SKIP)
         # The chunk's start: its start state for the output stage, and a capture there.
-        tl.store(start_ptr + o_ch, cast_for_store(state, start_ptr.dtype.element_ty), mask=m & is_first)
-        b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
-        tl.store(p_cap + start_row * s_cap_r, b_cap, mask=tl.where(start_kept, m, False))
-        # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
-        b_in = tl.fma(exp2_flush(b_cs), state, b_part.to(tl.float32))
-        tl.store(p_cap + inner_row * s_cap_r, cast_for_store(b_in, p_cap.dtype.element_ty),
-                 mask=tl.where(inner_kept, m, False))
+        tl.store(start_ptr + o_ch + o, cast_for_store(state, start_ptr.dtype.element_ty),
+                 mask=tl.where(first != 0, m, False))
+        # Captures are rare steps: their work is branched around, not masked in every step.
+        if start_entry >= 0:
+            start_row, start_kept = _capture_row(capture_rows_ptr, start_entry, skip_slot, HAS_SKIP)
+            b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
+            tl.store(p_cap + start_row * s_cap_r, b_cap, mask=tl.where(start_kept, m, False))
+        if i_r >= 0:
+            # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
+            b_part = tl.load(partial_ptr + (i_r * nheads + i_h) * size + o, mask=m, other=0.0)
+            b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
+            inner_row, inner_kept = _capture_row(capture_rows_ptr, inner_entry, skip_slot, HAS_SKIP)
+            b_in = tl.fma(exp2_flush(b_cs), state, b_part.to(tl.float32))
+            tl.store(p_cap + inner_row * s_cap_r, cast_for_store(b_in, p_cap.dtype.element_ty),
+                     mask=tl.where(inner_kept, m, False))
         # One explicit fused multiply-add: the bits of a chunk-grid state must not depend on
         # how the compiler contracts it in each specialisation.
-        state = tl.where(is_last, tl.fma(b_decay, state, b_own), state)
+        state = tl.where(last != 0, tl.fma(b_decay, state, b_own), state)
     return state
 
 
@@ -428,8 +432,8 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                           HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                           HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                          NONFINITE_X: tl.constexpr):
+                          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                          DOT_DTYPE: tl.constexpr, NONFINITE_X: tl.constexpr):
     """Stage 5's program for chunk i_c, head i_h and M x P block i_mp; the chunk's span (batch row,
     first token, length, sequence) as _chunk_span gives it. NONFINITE_X: the diagonal block's x may
     hold a non-finite entry (below); without it, the block's x goes straight into its matmul, and
@@ -457,19 +461,25 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
     if m0 < n_tok:
         o_j = tl.arange(0, BLOCK_M)
         o_d = tl.arange(0, BLOCK_D)
-        m_m = o_m < n_tok
-        m_mp = m_m[:, None] & m_p[None, :]
+        m_mp = (o_m < n_tok)[:, None] & m_p[None, :]
         p_x = x_ptr + (i_b * s_x_b + t0 * s_x_t + i_h * s_x_h) + o_p[None, :] * s_x_p
         p_cb = cb_ptr + (i_c * (nheads // heads_per_group) + i_g) * CHUNK * CHUNK + o_m[:, None] * CHUNK
 
         # Inter-chunk term: the chunk-start state read out by C, decayed to the token before the rows.
-        p_C = C_ptr + (i_b * s_C_b + t0 * s_C_t + i_g * s_C_g) + o_m[:, None] * s_C_t
-        p_S0T = start_ptr + (i_c * nheads + i_h) * headdim * dstate + o_p[None, :] * dstate
+        # Rows past the chunk's end read its last row and columns past headdim the last column (their
+        # y is never stored): only a dstate tail (not EVEN_D) is masked. The masks' predicates were
+        # a tenth of the kernel's instructions.
+        p_C = C_ptr + (i_b * s_C_b + t0 * s_C_t + i_g * s_C_g) + tl.minimum(o_m, n_tok - 1)[:, None] * s_C_t
+        p_S0T = start_ptr + (i_c * nheads + i_h) * headdim * dstate + tl.minimum(o_p, headdim - 1)[None, :] * dstate
         acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
         for d0 in range(0, dstate, BLOCK_D):
-            m_d = d0 + o_d < dstate
-            b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=m_m[:, None] & m_d[None, :], other=0.0)
-            b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None], mask=m_d[:, None] & m_p[None, :], other=0.0)  # [BD, BP]
+            if EVEN_D:
+                b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n)
+                b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None])  # [BD, BP]
+            else:
+                m_d = d0 + o_d < dstate
+                b_C = tl.load(p_C + (d0 + o_d)[None, :] * s_C_n, mask=m_d[None, :], other=0.0)
+                b_S0T = tl.load(p_S0T + (d0 + o_d)[:, None], mask=m_d[:, None], other=0.0)
             acc += _dot(b_C, b_S0T, DOT_DTYPE)
         acc *= exp2_flush(b_ref)
 
@@ -514,7 +524,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                          HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # The grid is (M x P block, head, chunk): the programs that re-read a chunk's x, C and C B^T
     # run one after another, while those are still in L2. Index arithmetic that cannot overflow
     # (the chunk's index, the token offsets inside it, the group) is int32 and the tiles' offsets
@@ -540,7 +550,8 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                           dstate, nheads, heads_per_group, n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE, False)
+                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, EVEN_D, DOT_DTYPE,
+                          False)
 
 
 @triton.jit(do_not_specialize=["nmarks"])
@@ -551,8 +562,8 @@ def _nonfinite_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, 
                              s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                              HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                              HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                             MARKS: tl.constexpr):
+                             BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                             DOT_DTYPE: tl.constexpr, MARKS: tl.constexpr):
     """Stage 5's fix-up, after _chunk_output_kernel: y again, with the diagonal blocks' non-finite
     handling, for each (chunk, head, P block) that stage 3 marked (Workspace.nonfinite), by the
     same program as the output kernel's. A program reads MARKS marks in one request; one without a
@@ -573,7 +584,7 @@ def _nonfinite_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, 
                                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                                           HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D,
-                                          DOT_DTYPE, True)
+                                          EVEN_D, DOT_DTYPE, True)
 
 
 @triton.jit
@@ -607,7 +618,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
                        HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
                        N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
@@ -707,8 +718,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
                                       n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                                       s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, DOT_DTYPE,
-                                      True)
+                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, EVEN_D,
+                                      DOT_DTYPE, True)
         else:
             if g < nchunks:  # chunk g's C B^T, a block of a group's
                 r_cb = r - n_state - n_walk - n_out
@@ -769,6 +780,10 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         # 3.6), so that the loop's registers do not make it spill (few programs, which rarely go
         # past their marks).
         fixup=dict(num_warps=8, num_stages=2) if wide else dict(num_warps=16, num_stages=1),
+        # The walk (stage 4): at most 128 registers, as before its capture branches took 151, so that
+        # four programs fit an SM: one wave of 128 heads' 4 blocks at 8192 tokens, where three took
+        # two (0.033 ms against 0.042 at Granite-4.0-H, modelled; 0.028 against 0.026 at 80 heads).
+        walk=dict(num_warps=4, num_stages=3 if wide else 2, maxnreg=128),
         # C B^T: a program's loop has one or two dstate blocks at 16 bits, which two stages pipeline;
         # a third would only take shared memory (96 KB, two programs an SM, against 64 KB and three).
         cb=dict(num_warps=4, num_stages=2),
@@ -808,7 +823,8 @@ class Workspace:
 
     @property
     def launch(self) -> dict:
-        """Launch options of the stages without their own (cfg["cumsum"], cfg["cb"], cfg["output"], cfg["fixup"])."""
+        """Launch options of the stages without their own (cfg["cumsum"], cfg["cb"], cfg["walk"], cfg["output"],
+        cfg["fixup"])."""
         return dict(num_warps=self.cfg["num_warps"], num_stages=self.cfg["num_stages"])
 
     @property
@@ -898,7 +914,7 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
         ptr_or(p.has_initial, stand_in), ptr_or(ws.start, out), out, ptr_or(captured, out),
         0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4),
         *out.stride(), *captured.stride(), **flags_for(_state_passing_kernel, p), CHUNK=tables.chunk_size,
-        BLOCK=block, WALK_STAGES=ws.cfg["WALK_STAGES"], **ws.launch)
+        BLOCK=block, WALK_STAGES=ws.cfg["WALK_STAGES"], **ws.cfg["walk"])
 
 
 def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -924,7 +940,8 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
     dims_strides = (headdim, dstate, nheads, nheads // ngroups, n_pblocks, *p.x.stride(), *p.C.stride(),
                     *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4), *p.y.stride())
     slots = (ptr_or(p.state_index, tables.chunks), 0 if p.skip_slot is None else p.skip_slot)
-    tiles = dict(CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot)
+    tiles = dict(CHUNK=tables.chunk_size, BLOCK_M=bm, BLOCK_P=bp, BLOCK_D=ws.cfg["BLOCK_D"],
+                 EVEN_D=dstate % ws.cfg["BLOCK_D"] == 0, **ws.dot)
     # One launch unless a pass has more chunks than a grid's third axis holds; each further launch
     # takes the chunk-indexed tables and scratch from its first chunk on (and the table's spans).
     row_chunks = tables.row_chunks if nchunks <= MAX_GRID_Z else 0
@@ -989,7 +1006,8 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
         *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
         **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], PASS_BLOCK=cfg["PASS_BLOCK"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"],
+        EVEN_D=dstate % cfg["BLOCK_D"] == 0, PASS_BLOCK=cfg["PASS_BLOCK"],
         N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
 

@@ -185,3 +185,34 @@ def test_a_branch_inside_a_loop_counts_for_the_iterations_that_ran_it():
     assert km.loops[0].issue_slots_per_iteration == pytest.approx(3.125)  # the ALU pipe (ISETP: 2 slots) does not bind
     assert km.loops[0].cycles_per_iteration == 3  # the unpredicated FMUL's 10-cycle stall left out
     assert km.issue_slots == pytest.approx(128 * 3.125)
+
+
+def test_code_the_sass_jumps_over_counts_for_the_iterations_that_ran_its_branch():
+    """toy_kernels.double_every_eighth again, its doubling now behind a branch the SASS jumps over
+    (Loop.jumped): a predicated instruction there (a masked load or store in the branch) issues
+    in the iterations that took the branch, not in all; and where no iteration took it, code the
+    branch's line inlines from a helper counts 0, though the helper's own chain was never counted
+    and its caller (the kernel's call of the loop) ran."""
+    import toy_kernels
+    from triton_static.sass import Control, Loop
+
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.double_every_eighth.fn)
+    add, test, double = (header + next(i for i, text in enumerate(lines) if text.strip().startswith(start))
+                         for start in ("x = x + 1", "if ", "x = x * 2"))
+    helper = (path, header)  # stands for a helper's line, inlined at the branch's line
+
+    def instr(address, chain, opcode, predicate=""):
+        return Instr(address, predicate, opcode, ["R1", "R2"], chain, Control(1, 7, 7, 0))
+
+    body = [instr(0, ((path, add),), "FADD"), instr(16, ((path, test),), "BRA", "@!P0"),
+            instr(32, ((path, double),), "FMUL", "@P1"), instr(48, (helper, (path, double)), "LDG", "@P1"),
+            instr(64, ((path, add),), "BRA")]
+    loop = Loop(start=0, end=64, instrs=body, jumped=[(17, 64)])
+    taken = {source_key(path, add): 128.0, source_key(path, test): 128.0, source_key(path, double): 16.0,
+             f"{source_key(*helper)}<{source_key(path, double)}": 16.0}
+    assert model._loop_shares(loop, taken, 128.0) == [1, 1, 0.125, 0.125, 1]
+    never = {source_key(path, add): 128.0, source_key(path, test): 128.0}
+    assert model._loop_shares(loop, never, 128.0) == [1, 1, 0, 0, 1]
+    # Not jumped over (the compiler predicated the branch): the predicated instructions issue in all.
+    assert model._loop_shares(Loop(start=0, end=64, instrs=body), taken, 128.0) == [1, 1, 1, 1, 1]
