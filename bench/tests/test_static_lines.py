@@ -38,8 +38,9 @@ def test_a_kernel_s_lines_add_up_to_each_part():
     for total, rows in found.values():
         assert rows and abs(sum(c for c, _ in rows) - total) <= len(rows) / 2 + 1  # each printed rounded
         assert [c for c, _ in rows] == sorted((c for c, _ in rows), reverse=True)
-    walk = [title for title, (_, rows) in found.items() if any("tl.store(start_ptr + o_ch" in t for _, t in rows)]
-    assert len(walk) == 1 and walk[0].startswith("loop at")  # the walk's step loop, its store of a chunk's start
+    walk = [title for title, (_, rows) in found.items()
+            if title.startswith("loop at") and any("tl.store(start_ptr + o_ch" in t for _, t in rows)]
+    assert len(walk) == 1  # the walk's step loop, its store of a chunk's start among its lines
 
 
 def test_the_command_prints_the_parts_and_names_what_is_launched():

@@ -131,12 +131,6 @@ def _chunk_span(chunks_ptr, i_c):
 
 
 @triton.jit
-def _chunk_length(chunks_ptr, i_c):
-    """Chunk.length of row i_c of ChunkTables.chunks."""
-    return tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 2)
-
-
-@triton.jit
 def _inner_capture(inner_ptr, i):
     """Row i of ChunkTables.inner, less its entry: (chunk, offset)."""
     p = inner_ptr + i * INNER_COLUMNS
@@ -254,21 +248,30 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
 
 
 @triton.jit
-def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr,
+def _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr):
+    """Stage 3's grid row i_row from the tables: a chunk's own contribution (all its tokens), or
+    past the chunks an inner capture's partial (its chunk's first j tokens): (chunk, batch row,
+    first token, tokens)."""
+    if i_row < nchunks:
+        i_c = i_row
+        i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
+    else:
+        i_c, n_tok = _inner_capture(inner_ptr, i_row - nchunks)
+        i_b, t0, _, _ = _chunk_span(chunks_ptr, i_c)
+    return i_c, i_b, t0, n_tok
+
+
+@triton.jit
+def _chunk_state_program(i_row, i_h, i_pn, i_c, i_b, t0, n_tok, x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks,
                          partial_ptr, nonfinite_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                          CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, MARK_NONFINITE: tl.constexpr):
-    """Stage 3's program for grid row i_row (a chunk, or past the chunks an inner capture), head
-    i_h and P x N block i_pn. With MARK_NONFINITE, a chunk's program of the first N block also
-    stores whether the chunk's x holds a non-finite entry in the head's P block (Workspace.nonfinite)."""
+    """Stage 3's program for grid row i_row (a chunk, or past the chunks an inner capture: its span
+    as _state_row_span gives it), head i_h and P x N block i_pn. With MARK_NONFINITE, a chunk's
+    program of the first N block also stores whether the chunk's x holds a non-finite entry in the
+    head's P block (Workspace.nonfinite)."""
     o_p, m_p, o_n, m_n = _pn_block(i_pn, n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
-    if i_row < nchunks:  # the chunk's own contribution to its end state: all its tokens
-        i_c = i_row
-        n_tok = _chunk_length(chunks_ptr, i_c)
-    else:  # the contribution of the inner capture's first j tokens of its chunk
-        i_c, n_tok = _inner_capture(inner_ptr, i_row - nchunks)
-    i_b, t0, _, _ = _chunk_span(chunks_ptr, i_c)
     o_scr = (i_c * nheads + i_h) * CHUNK
     p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
     p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g
@@ -295,14 +298,26 @@ def _chunk_state_program(i_row, i_h, i_pn, x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_
         tl.store(p_part, cast_for_store(acc, p_part.dtype.element_ty), mask=m_pn)
 
 
-@triton.jit(do_not_specialize=["nchunks"])
+@triton.jit(do_not_specialize=["nchunks", "row_chunks", "seqlen"])
 def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
-                        nonfinite_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
+                        nonfinite_ptr, row_chunks, seqlen, headdim, dstate, nheads, heads_per_group, n_nblocks,
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    _chunk_state_program(tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2), x_ptr,
-                         B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, nonfinite_ptr,
+    # Where every sequence starts its own batch row, cut on the grid into row_chunks > 0 chunks of
+    # seqlen tokens each (ChunkTables.row_chunks), a chunk's span comes from its index: no round
+    # trip to the table before the program's loads (two waits on memory, a quarter of a program's
+    # latency, modelled). A branch in the kernel, as in _chunk_output_kernel.
+    i_row = tl.program_id(0).to(tl.int64)
+    if (row_chunks > 0) & (i_row < nchunks):
+        i_c = i_row
+        i_b = (tl.program_id(0) // row_chunks).to(tl.int64)  # int32: a chunk's index and tokens fit
+        t0 = (tl.program_id(0) % row_chunks * CHUNK).to(tl.int64)
+        n_tok = tl.minimum(seqlen - t0, CHUNK)
+    else:
+        i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
+    _chunk_state_program(i_row, tl.program_id(1).to(tl.int64), tl.program_id(2), i_c, i_b, t0, n_tok, x_ptr, B_ptr,
+                         dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr, nonfinite_ptr,
                          headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                          s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, True)
 
@@ -653,8 +668,10 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     p_partial_flags = p_walk_flags + nchunks * nheads
     p_cb_flags = p_partial_flags + ninner * nheads
     if t < n_partial:  # the partial of inner capture t // n_state: stage 3's row past the chunks
-        _chunk_state_program((nchunks + t // n_state).to(tl.int64), ((t % n_state) // N_PN).to(tl.int64), t % N_PN,
-                             x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr,
+        i_row = (nchunks + t // n_state).to(tl.int64)
+        i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
+        _chunk_state_program(i_row, ((t % n_state) // N_PN).to(tl.int64), t % N_PN, i_c, i_b, t0, n_tok,
+                             x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr,
                              partial_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h,
                              s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
         _raise(p_partial_flags + t // N_PN)
@@ -663,8 +680,9 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
         r = (t - n_partial) % group
         if r < n_state:
             if g < nchunks:  # chunk g's own contribution to its end state
-                _chunk_state_program(g.to(tl.int64), (r // N_PN).to(tl.int64), r % N_PN, x_ptr, B_ptr, dt_ptr,
-                                     cs_ptr, chunks_ptr, states_ptr, nchunks, inner_ptr, partial_ptr, partial_ptr,
+                i_c, i_b, t0, n_tok = _state_row_span(g.to(tl.int64), nchunks, chunks_ptr, inner_ptr)
+                _chunk_state_program(g.to(tl.int64), (r // N_PN).to(tl.int64), r % N_PN, i_c, i_b, t0, n_tok, x_ptr,
+                                     B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr, partial_ptr,
                                      headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
                 _raise(flags_ptr + g * nheads + r // N_PN)
@@ -892,7 +910,8 @@ def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> No
     # dtype): the kernel is the same binary with or without inner captures.
     launch(_chunk_state_kernel, (nchunks + ninner, nheads, triton.cdiv(headdim, bp) * n_nblocks),
         p.x, p.B, ws.dt, ws.cs, tables.chunks, ws.states, nchunks, ptr_or(tables.inner, tables.chunks),
-        ptr_or(ws.partial, ws.start), ws.nonfinite, headdim, dstate, nheads, nheads // ngroups, n_nblocks,
+        ptr_or(ws.partial, ws.start), ws.nonfinite, tables.row_chunks,
+        p.seqs.lengths[0] if tables.row_chunks else 0, headdim, dstate, nheads, nheads // ngroups, n_nblocks,
         *p.x.stride(), *p.B.stride(),
         CHUNK=tables.chunk_size, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=ws.cfg["BLOCK_K"], **ws.dot, **ws.launch)
 
