@@ -575,22 +575,33 @@ def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int
     else:
         check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
         sources = state_indices.tolist()
+    targets = None
+    if dst_state_indices is not None:
+        check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
+        if state_indices is not None and dst_state_indices.device != state_indices.device:
+            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
+                             f"{state_indices.device}")
+        targets = dst_state_indices.tolist()
+    check_decode_slot_lists(sources, targets, pad_slot_id, nslots)
+
+
+def check_decode_slot_lists(sources: list[int], targets: list[int] | None, pad_slot_id: int | None,
+                            nslots: int | None) -> None:
+    """check_decode_slots on slots already read back to the host: sources (each row's state_indices
+    entry), targets (its dst_state_indices entry; None: the slot it reads)."""
+    batch = len(sources)
     live = range(batch) if pad_slot_id is None else [b for b, slot in enumerate(sources) if slot != pad_slot_id]
     b = _first_out_of_range(sources, live, nslots)
     if b is not None:
         raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
                          + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
-    if dst_state_indices is None:
+    if targets is None:
         targets, name = sources, "state_indices"
     else:
-        check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
-        if state_indices is not None and dst_state_indices.device != state_indices.device:
-            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
-                             f"{state_indices.device}")
-        targets, name = dst_state_indices.tolist(), "dst_state_indices"
-    b = None if dst_state_indices is None else _first_out_of_range(targets, live, nslots)
-    if b is not None:
-        raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
+        name = "dst_state_indices"
+        b = _first_out_of_range(targets, live, nslots)
+        if b is not None:
+            raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
     written, live_sources = ((targets, sources) if len(live) == batch else
                              ([targets[b] for b in live], [sources[b] for b in live]))
     if len(set(written)) != len(written):

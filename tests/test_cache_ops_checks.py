@@ -9,6 +9,8 @@ import torch
 from ssm_kernels import causal_conv1d, mamba2_scan
 from ssm_kernels import cache_ops
 
+from helpers import reads_back
+
 BACKENDS = ["torch", "triton"]
 H, P, N, DIM, WIDTH = 2, 4, 8, 6, 4
 
@@ -41,6 +43,19 @@ def test_decode_batch_refuses_a_row_writing_a_slot_another_row_reads():
         cache_ops.decode_batch(torch.tensor([0, 1]), dst_state_indices=torch.tensor([1, 0]))
     # A padded row reads nothing, so writing its slot is fine.
     cache_ops.decode_batch(torch.tensor([-1, 2]), dst_state_indices=torch.tensor([0, 3]), nslots=4)
+
+
+def test_decode_batch_reads_each_index_tensor_back_once():
+    """Validating a decode step reads state_indices and dst_state_indices to the host once each (a
+    sync on a GPU apiece), the race and range checks included; and still refuses what they refuse."""
+    src, dst = torch.tensor([0, -1, 2]), torch.tensor([3, 5, 4])
+    with reads_back(src) as src_reads, reads_back(dst) as dst_reads:
+        cache_ops.decode_batch(src, dst_state_indices=dst, nslots=5)
+    assert (len(src_reads), len(dst_reads)) == (1, 1)
+    with pytest.raises(ValueError, match=r"dst_state_indices\[0\] = 5 is out of range"):
+        cache_ops.decode_batch(src, dst_state_indices=torch.tensor([5, 0, 4]), nslots=5)
+    with pytest.raises(ValueError, match=r"state_indices\[2\] = 5 is out of range"):
+        cache_ops.decode_batch(torch.tensor([0, -1, 5]), nslots=5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

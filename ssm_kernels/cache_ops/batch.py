@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_lists, capture_table, check_bool,
-                       check_decode_slots, check_optional_int, check_tensor, host_ints,
+                       check_decode_slot_lists, check_optional_int, check_tensor, host_ints,
                        int_tables, lengths_from_bounds)
 from ..scan import mamba2_chunked
 from ..scan.algorithm import check_start_positions
@@ -401,14 +401,15 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
     nslots = check_optional_int("nslots", nslots, 1)
     validate = check_bool("validate", validate)
     extremes = ()
-    if validate or device.type == "cpu":
+    if validate or device.type == "cpu":  # each index tensor read back once
         slots = state_indices.tolist()
+        dst_slots = None if dst_state_indices is None else dst_state_indices.tolist()
         live = [slot != skip_slot for slot in slots]
         extremes = slot_extremes("state_indices", slots, live)
-        if dst_state_indices is not None:
-            extremes += slot_extremes("dst_state_indices", dst_state_indices.tolist(), live)
-    if validate:  # the rows run in parallel, as in selective_state_update
-        check_decode_slots(state_indices, dst_state_indices, skip_slot, batch, nslots)
+        if dst_slots is not None:
+            extremes += slot_extremes("dst_state_indices", dst_slots, live)
+        if validate:  # the rows run in parallel, as in selective_state_update
+            check_decode_slot_lists(slots, dst_slots, skip_slot, nslots)
     cu = torch.arange(batch + 1, dtype=torch.int64, device=device)
     seqs = Sequences(cu, [1] * batch, varlen=False)
     dst = None if dst_state_indices is None else dst_state_indices.contiguous()

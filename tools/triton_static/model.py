@@ -351,15 +351,25 @@ def _line_count(instr: Instr, lines: dict[str, float]) -> float | None:
 
 
 @functools.lru_cache(maxsize=None)
+def _tree(path: str) -> ast.Module:
+    """A source file's syntax tree; an empty one where it cannot be read or parsed."""
+    try:
+        return ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _counted_files(lines: dict[str, float]) -> set[str]:
+    """The source files whose lines were counted (any site of any counted chain)."""
+    return {site.rsplit(":", 1)[0] for key in lines for site in key.split("<")}
+
+
+@functools.lru_cache(maxsize=None)
 def _signature_lines(path: str) -> frozenset[int]:
     """The lines of a source file's function headers (decorators and signatures): code placed
     there (argument set-up) runs in every program, but the interpreter reports no line of it."""
-    try:
-        tree = ast.parse(open(path).read())
-    except (OSError, SyntaxError):
-        return frozenset()
     lines = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.FunctionDef) and node.body:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             lines.update(range(first, node.body[0].lineno))
@@ -370,11 +380,7 @@ def _signature_lines(path: str) -> frozenset[int]:
 def _loops_of(path: str) -> tuple[tuple[int, int, int], ...]:
     """A source file's `for` statements: (header line, first and last body line). (A `while`
     loop's header is its work: a flag's spin loop polls there once when its body never runs.)"""
-    try:
-        tree = ast.parse(open(path).read())
-    except (OSError, SyntaxError):
-        return ()
-    return tuple((node.lineno, node.body[0].lineno, node.end_lineno) for node in ast.walk(tree)
+    return tuple((node.lineno, node.body[0].lineno, node.end_lineno) for node in ast.walk(_tree(path))
                  if isinstance(node, ast.For))
 
 
@@ -430,12 +436,8 @@ def _straight_share(instr: Instr, reached: dict[str, float], programs: int,
 def _branch_lines_in_loops(path: str) -> frozenset[int]:
     """The lines of a source file inside an `if` statement's branches within a loop's body: code
     that an iteration may skip (a constexpr `if` compiles to all or nothing, and counts so)."""
-    try:
-        tree = ast.parse(open(path).read())
-    except (OSError, SyntaxError):
-        return frozenset()
     lines = set()
-    for loop in ast.walk(tree):
+    for loop in ast.walk(_tree(path)):
         if isinstance(loop, (ast.For, ast.While)):
             for node in ast.walk(loop):
                 if isinstance(node, ast.If):
@@ -452,7 +454,7 @@ def _loop_shares(loop: Loop, lines: dict[str, float], executions: float | None) 
     jumps over it (Loop.jumped), and 0 there where its branch, or the call of a helper there, never
     ran (_line_count would count that helper's lines as a caller further out, which ran)."""
     ran = _ran_suffixes(lines)
-    files = {site.rsplit(":", 1)[0] for key in lines for site in key.split("<")}
+    files = _counted_files(lines)
     shares = []
     for instr in loop.instrs:
         share = 1.0
@@ -479,7 +481,7 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     lines name another copy of the source, which Triton's cache may hand out, stays uncounted),
     and for one whose body never ran (_in_unentered_loop)."""
     counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
-    files = {site.rsplit(":", 1)[0] for key in lines for site in key.split("<")}
+    files = _counted_files(lines)
     if not counted and any(i.chain and all(site.rsplit(":", 1)[0] in files for site in i.where.split("<"))
                            for i in loop.instrs):
         return 0.0, []  # no program reached it

@@ -131,6 +131,16 @@ def _chunk_span(chunks_ptr, i_c):
 
 
 @triton.jit
+def _grid_span(pid_c, row_chunks, seqlen, CHUNK: tl.constexpr):
+    """Chunk pid_c's batch row and first token (int64) and length (int32) where every sequence
+    starts its own batch row and is cut on the grid into row_chunks > 0 chunks of seqlen tokens each
+    (ChunkTables.row_chunks): from the index, in int32 (a chunk's index and tokens fit), with no
+    round trip to the table before a program's loads."""
+    t0 = pid_c % row_chunks * CHUNK
+    return (pid_c // row_chunks).to(tl.int64), t0.to(tl.int64), tl.minimum(seqlen - t0, CHUNK).to(tl.int32)
+
+
+@triton.jit
 def _inner_capture(inner_ptr, i):
     """Row i of ChunkTables.inner, less its entry: (chunk, offset)."""
     p = inner_ptr + i * INNER_COLUMNS
@@ -304,16 +314,14 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
                         s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                         CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    # Where every sequence starts its own batch row, cut on the grid into row_chunks > 0 chunks of
-    # seqlen tokens each (ChunkTables.row_chunks), a chunk's span comes from its index: no round
-    # trip to the table before the program's loads (two waits on memory, a quarter of a program's
-    # latency, modelled). A branch in the kernel, as in _chunk_output_kernel.
+    # A dense pass's chunk span comes from the chunk's index (_grid_span): reading the table first
+    # cost two waits on memory, a quarter of a program's latency (modelled). A branch in the kernel,
+    # as in _chunk_output_kernel.
     i_row = tl.program_id(0).to(tl.int64)
     if (row_chunks > 0) & (i_row < nchunks):
         i_c = i_row
-        i_b = (tl.program_id(0) // row_chunks).to(tl.int64)  # int32: a chunk's index and tokens fit
-        t0 = (tl.program_id(0) % row_chunks * CHUNK).to(tl.int64)
-        n_tok = tl.minimum(seqlen - t0, CHUNK)
+        i_b, t0, n_tok = _grid_span(tl.program_id(0), row_chunks, seqlen, CHUNK)
+        n_tok = n_tok.to(tl.int64)  # as the table's
     else:
         i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
     _chunk_state_program(i_row, tl.program_id(1).to(tl.int64), tl.program_id(2), i_c, i_b, t0, n_tok, x_ptr, B_ptr,
@@ -547,15 +555,10 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
     # instructions from this issue-bound kernel.
     pid_c = tl.program_id(2)
     i_c = pid_c.to(tl.int64)
-    # Where sequence s starts batch row s and each is cut on the grid from its first token into
-    # row_chunks > 0 chunks (ChunkTables.row_chunks: seqlen tokens each), the chunk's span is found
-    # from its index: no round trip to the table before the program's loads. A branch, not a
-    # second binary: every pass runs the same code on its tiles.
+    # A dense pass's chunk span comes from the chunk's index (_grid_span), with no round trip to the
+    # table. A branch, not a second binary: every pass runs the same code on its tiles.
     if row_chunks > 0:
-        i_b = (pid_c // row_chunks).to(tl.int64)
-        t0_32 = (pid_c % row_chunks) * CHUNK
-        n_tok = tl.minimum(seqlen - t0_32, CHUNK).to(tl.int32)
-        t0 = t0_32.to(tl.int64)
+        i_b, t0, n_tok = _grid_span(pid_c, row_chunks, seqlen, CHUNK)
         i_s = i_b
     else:
         i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
