@@ -37,8 +37,8 @@
 # Dry run (CI, any machine): bench/gpu_suite.sh --dry-run (or REDUCED=1): step 5 lists the tests it
 # would run (pytest --collect-only into logs/tests.txt) without running them, step 2 is left out;
 # the benchmarks run reduced (on CPU: small shapes, PyTorch path and Triton interpreter, labelled CPU).
-# Other flags: --quick (fewer shapes, shorter timing). Exit status: 0 only if every step that ran
-# passed.
+# Other flags: --quick (fewer shapes, shorter timing); LIMIT_SCALE=K multiplies every step's limit.
+# Exit status: 0 only if every step that ran passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,11 +57,14 @@ done
 PY=${PYTHON:-python3}
 BUDGET=${SUITE_BUDGET_S:-380}
 SHARDS=${SHARDS:-8}
-GATE_S=${GATE_S:-60}
-SCAN_S=${SCAN_S:-120}
-ABLATE_S=${ABLATE_S:-40}
-SWEEP_S=${SWEEP_S:-50}
-TESTS_S=${TESTS_S:-120}
+# Every step's limit times LIMIT_SCALE (default 1): a dry run on cores that other work shares
+# (CI's test of it) would otherwise time out steps that take seconds alone.
+SCALE=${LIMIT_SCALE:-1}
+GATE_S=$(( ${GATE_S:-60} * SCALE ))
+SCAN_S=$(( ${SCAN_S:-120} * SCALE ))
+ABLATE_S=$(( ${ABLATE_S:-40} * SCALE ))
+SWEEP_S=$(( ${SWEEP_S:-50} * SCALE ))
+TESTS_S=$(( ${TESTS_S:-120} * SCALE ))
 PEERS=${PEERS:-.peers}
 # Shards balanced by each file's compile seconds, measured without a GPU (bench/README.md).
 WEIGHTS=${WEIGHTS:-bench/results/2026-12-01-compile/compile.json}
@@ -146,7 +149,7 @@ within sweep sweep.log "$SWEEP_S" "$PY" -m bench.sweep $REDUCED_FLAG --out "$OUT
 # 5. The tests that run a kernel: listed (and, on a GPU, run in parallel shards).
 mapfile -t SELECTED < <("$PY" -m bench.gpu_tests)
 if [ "$DRY_RUN" = 1 ]; then
-  step tests-listed tests.txt 300 "$PY" -m pytest --collect-only -q -p no:cacheprovider "${SELECTED[@]}"
+  step tests-listed tests.txt $((300 * SCALE)) "$PY" -m pytest --collect-only -q -p no:cacheprovider "${SELECTED[@]}"
 else
   tests_limit=$TESTS_S
   [ "$(left)" -lt "$tests_limit" ] && tests_limit=$(left)
@@ -174,11 +177,11 @@ fi
 # ops' host time per layer call (launched on the GPU; on CPU, stubbed), the cost of handing a state
 # from program to program inside a kernel (reduced: the interpreter checks the values only), then
 # serve, each in the time left.
-within accuracy accuracy.log 60 "$PY" -m bench.accuracy
+within accuracy accuracy.log $((60 * SCALE)) "$PY" -m bench.accuracy
 HOST_DEVICE=cpu
 case "$KIND" in gpu*) HOST_DEVICE=cuda ;; esac
-within host host.log 60 "$PY" -m bench.host --device "$HOST_DEVICE" --repeats 3 --out "$OUT/host"
-within chain chain.log 30 "$PY" -m bench.chain $REDUCED_FLAG --out "$OUT/chain"
+within host host.log $((60 * SCALE)) "$PY" -m bench.host --device "$HOST_DEVICE" --repeats 3 --out "$OUT/host"
+within chain chain.log $((30 * SCALE)) "$PY" -m bench.chain $REDUCED_FLAG --out "$OUT/chain"
 serve_limit=$(( $(left) - 10 ))
 within serve serve.log "$serve_limit" "$PY" -m bench.serve $REDUCED_FLAG $QUICK --out "$OUT" \
   --time-budget $((serve_limit * 2 / 3))

@@ -11,7 +11,7 @@ Tolerances (helpers.TOLERANCE): float32's for what a stage computes in float32 f
 the matmul dtype's for what it multiplies or stores in that dtype.
 """
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from types import SimpleNamespace
 
 import pytest
@@ -51,9 +51,10 @@ def captures_for(lengths):
     return pairs + pairs[:1]
 
 
-def make_pass(case, dtype, device):
+def make_pass(case, dtype, device, capture=None):
     """The pass's inputs, its ScanProblem (outputs poisoned), its ChunkTables, and every stage's
-    float64 reference output, each stage fed the previous references' outputs."""
+    float64 reference output, each stage fed the previous references' outputs; its captures
+    `capture` (default captures_for's)."""
     spec = CASES[case]
     lengths = spec["lengths"]
     batch, seqlen = (1, sum(lengths)) if spec["varlen"] else (len(lengths), lengths[0])
@@ -63,7 +64,7 @@ def make_pass(case, dtype, device):
                           dt_softplus=spec["dt_softplus"], dt_limit=spec["dt_limit"])
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=device) if spec["varlen"] else None
     seqs = make_sequences(batch, seqlen, cu, device)
-    capture = captures_for(lengths)
+    capture = captures_for(lengths) if capture is None else capture
     captures = make_capture_table(capture, seqs, device)
     nheads, headdim, dstate = spec["dims"]["nheads"], spec["dims"]["headdim"], spec["dims"]["dstate"]
 
@@ -179,6 +180,26 @@ def test_stage4_state_passing(case, dtype, device):
     assert_rel_close(ws.start, start, run.mm_tol, "chunk-start states")  # stored in the matmul dtype
     assert_rel_close(run.p.state_out, final, F32_TOL, "final states")
     assert_rel_close(run.p.captured, captured, F32_TOL, "captured states")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stage4_walks_the_chunks_without_the_step_table_where_no_capture_needs_a_step(case, device):
+    """Without a capture at a chunk's start or inside one (ChunkTables.plain_walk; the final
+    states' captures aside), stage 4 walks the chunks without reading the step table
+    (_walk_chunks): the chunk-start, final and end-captured states of the table's walk, bit for bit."""
+    lengths = CASES[case]["lengths"]
+    run = make_pass(case, torch.bfloat16, device, capture=[(s, n) for s, n in enumerate(lengths)])
+    assert run.tables.plain_walk
+    assert not make_pass(case, torch.bfloat16, device).tables.plain_walk  # captures at 0, 1, 5, 16, ...
+    walked = []
+    for plain in (True, False):
+        run.tables = replace(run.tables, plain_walk=plain)
+        run.p.state_out.fill_(float("nan"))
+        run.p.captured.fill_(float("nan"))
+        _, ws = run_stage(tk.stage4_state_passing, case, torch.bfloat16, device, "states", "decay", "cs", run=run)
+        walked.append([ws.start.clone(), run.p.state_out.clone(), run.p.captured.clone()])
+    for name, a, b in zip(("chunk-start states", "final states", "captured states"), *walked):
+        assert not a.isnan().any() and torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

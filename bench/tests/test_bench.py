@@ -28,9 +28,10 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    # No time budget: the test asks for every row, and a budget set for a GPU's few minutes cut
-    # rows when other processes shared the cores.
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, SUITE_BUDGET_S="3600")
+    # No time budget and every step's limit ten times the GPU's: the test asks for every row, and
+    # a budget or a step's limit set for a GPU's few minutes cut rows or timed a step out when other
+    # processes shared the cores.
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, SUITE_BUDGET_S="3600", LIMIT_SCALE="10")
     proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     return out, proc

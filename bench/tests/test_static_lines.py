@@ -40,7 +40,7 @@ def test_a_kernel_s_lines_add_up_to_each_part():
         assert [c for c, _ in rows] == sorted((c for c, _ in rows), reverse=True)
     walk = [title for title, (_, rows) in found.items()
             if title.startswith("loop at") and any("tl.store(start_ptr + o_ch" in t for _, t in rows)]
-    assert len(walk) == 1  # the walk's step loop, its store of a chunk's start among its lines
+    assert len(walk) == 2  # the walk's loops (the plain walk's, the step table's), each storing chunks' starts
 
 
 def test_the_command_prints_the_parts_and_names_what_is_launched():

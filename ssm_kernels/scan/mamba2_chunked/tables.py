@@ -104,7 +104,9 @@ class ChunkTables:
     (sequence s owns chunks [seq_chunk_list[s], seq_chunk_list[s + 1])); row_chunks: where
     sequence s starts batch row s (a dense pass, or a varlen pass of one sequence), all of one
     length and cut on the grid from their first token, the chunks of each (chunk c is then chunk
-    c % row_chunks of row c // row_chunks, from token (c % row_chunks) x chunk_size), else 0.
+    c % row_chunks of row c // row_chunks, from token (c % row_chunks) x chunk_size), else 0;
+    plain_walk: whether step t is chunk t, one step a chunk, with no capture at a chunk's start or
+    inside one (a final state's aside): the walk then needs no row of `steps`.
     """
 
     chunk_size: int
@@ -121,6 +123,7 @@ class ChunkTables:
     chunk_list: list[Chunk]
     seq_chunk_list: list[int]
     row_chunks: int
+    plain_walk: bool
 
     @property
     def nchunks(self) -> int:
@@ -204,6 +207,12 @@ class ChunkPlan:
     inner_list: list[ChunkCapture]
 
     @property
+    def plain_walk(self) -> bool:
+        """ChunkTables's: no step with a start or an inner capture (then one step a chunk)."""
+        start, inner = Step._fields.index("start_entry"), Step._fields.index("inner")
+        return all(step[start] < 0 and step[inner] < 0 for step in self.steps)
+
+    @property
     def device_lists(self) -> tuple[list, ...]:
         return (self.row_list, self.inner_list, self.steps, self.seq_steps, self.chunk_steps, self.end_bounds,
                 self.end_entries)
@@ -213,7 +222,7 @@ class ChunkPlan:
         return ChunkTables(self.chunk_size, chunks.view(-1, len(ChunkRow._fields)),
                            inner.view(-1, len(ChunkCapture._fields)), steps.view(-1, STEP_WIDTH), seq_steps,
                            chunk_steps, end_bounds, end_entries, self.row_list, self.capture_list, self.inner_list,
-                           self.chunk_list, self.seq_chunk_list, self.row_chunks)
+                           self.chunk_list, self.seq_chunk_list, self.row_chunks, self.plain_walk)
 
 
 def plan_chunks(seqs: Sequences, entries: list, chunk_size: int, start_positions: list[int]) -> ChunkPlan:

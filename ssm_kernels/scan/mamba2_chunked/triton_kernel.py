@@ -30,6 +30,8 @@ out (chunk or capture, head or group, ...):
    it is many programs moving memory, not one walk per head; its walk has one step a chunk (one
    per start or inner capture where a chunk has several, ChunkTables.steps), with no loop nested
    in it, and Triton pipelines it: each step's table row and loads are requested two steps ahead.
+   A pass with no capture at a chunk's start or inside one walks the chunks without the step
+   table (ChunkTables.plain_walk, _walk_chunks): the same operations, a third of the instructions.
    On an engine's cache it reads each row's initial state from its slot and writes the
    final state there, and leaves skipped rows alone (as kernel 5 does their y).
 5. _chunk_output_kernel  (M x P block, head, chunk: launched in that order): y = exp(cs) C S0^T + the causal
@@ -411,6 +413,21 @@ def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_pt
 
 
 @triton.jit
+def _walk_chunks(state, c_begin, c_end, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size,
+                 WALK_STAGES: tl.constexpr):
+    """_walk over chunks [c_begin, c_end) where step t is chunk t, with no capture at a chunk's start
+    or inside one (ChunkTables.plain_walk): no step table to read, the same operations as _walk's
+    steps (a step reading its row took a third of the walk's instructions)."""
+    for c in tl.range(c_begin, c_end, num_stages=WALK_STAGES):
+        o_ch = (c * nheads + i_h) * size
+        b_own = tl.load(states_ptr + o_ch + o, mask=m, other=0.0).to(tl.float32)
+        b_decay = tl.load(decay_ptr + c * nheads + i_h)
+        tl.store(start_ptr + o_ch + o, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
+        state = tl.fma(b_decay, state, b_own)
+    return state
+
+
+@triton.jit
 def _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h, s_out_p,
                  s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP: tl.constexpr):
     """Sequence i_s's final state: into row i_in of state_out (its slot) and its end captures."""
@@ -421,10 +438,10 @@ def _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_p
         tl.store(p_cap + row * s_cap_r, cast_for_store(state, p_cap.dtype.element_ty), mask=tl.where(kept, m, False))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["plain_walk"])
 def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_ptr, end_bounds_ptr, end_entries_ptr,
                           capture_rows_ptr, partial_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, start_ptr,
-                          state_out_ptr, captured_ptr, skip_slot, headdim, dstate, nheads,
+                          state_out_ptr, captured_ptr, skip_slot, plain_walk, headdim, dstate, nheads,
                           s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                           s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                           HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
@@ -437,12 +454,20 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
                                          HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
     if live:
         o, m, o_p, o_n = _walk_block(tl.program_id(2), headdim, dstate, BLOCK)
-        p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
         state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
                                HAS_INITIAL_STATE, BLOCK)
-        state = _walk(state, tl.load(seq_steps_ptr + i_s), tl.load(seq_steps_ptr + i_s + 1), i_h, o, m, p_cap,
-                      s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr, capture_rows_ptr, partial_ptr, start_ptr,
-                      skip_slot, nheads, headdim * dstate, HAS_SKIP, CHUNK, WALK_STAGES)
+        t_begin, t_end = tl.load(seq_steps_ptr + i_s), tl.load(seq_steps_ptr + i_s + 1)
+        # A runtime branch, not a second binary: a pass with captures runs the same kernel. The
+        # capture pointers are made where they are used, not held through the plain walk.
+        if plain_walk != 0:
+            state = _walk_chunks(state, t_begin, t_end, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads,
+                                 headdim * dstate, WALK_STAGES)
+        else:
+            p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
+            state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr,
+                          capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, headdim * dstate, HAS_SKIP,
+                          CHUNK, WALK_STAGES)
+        p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
         _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h, s_out_p,
                      s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
 
@@ -934,7 +959,8 @@ def stage4_state_passing(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> 
         tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
         ptr_or(ws.partial, ptr_or(ws.start, out)), ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in),
         ptr_or(p.has_initial, stand_in), ptr_or(ws.start, out), out, ptr_or(captured, out),
-        0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, *strides_or_zeros(p.state_in, 4),
+        0 if p.skip_slot is None else p.skip_slot, int(tables.plain_walk), headdim, dstate, nheads,
+        *strides_or_zeros(p.state_in, 4),
         *out.stride(), *captured.stride(), **flags_for(_state_passing_kernel, p), CHUNK=tables.chunk_size,
         BLOCK=block, WALK_STAGES=ws.cfg["WALK_STAGES"], **ws.cfg["walk"])
 
