@@ -318,14 +318,16 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # A dense pass's chunk span comes from the chunk's index (_grid_span): reading the table first
     # cost two waits on memory, a quarter of a program's latency (modelled). A branch in the kernel,
-    # as in _chunk_output_kernel.
+    # as in _chunk_output_kernel. The chunk's length in int32, so that its tokens' offsets are
+    # (run_chunked_triton checks they fit): in int64 they took an eighth of the program's
+    # instructions and a sixth of its latency (modelled).
     i_row = tl.program_id(0).to(tl.int64)
     if (row_chunks > 0) & (i_row < nchunks):
         i_c = i_row
         i_b, t0, n_tok = _grid_span(tl.program_id(0), row_chunks, seqlen, CHUNK)
-        n_tok = n_tok.to(tl.int64)  # as the table's
     else:
         i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
+        n_tok = n_tok.to(tl.int32)
     _chunk_state_program(i_row, tl.program_id(1).to(tl.int64), tl.program_id(2), i_c, i_b, t0, n_tok, x_ptr, B_ptr,
                          dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr, nonfinite_ptr,
                          headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
