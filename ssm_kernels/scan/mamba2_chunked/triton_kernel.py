@@ -318,8 +318,8 @@ def _chunk_state_kernel(x_ptr, B_ptr, dt_ptr, cs_ptr, chunks_ptr, states_ptr, nc
                         BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # A dense pass's chunk span comes from the chunk's index (_grid_span): reading the table first
     # cost two waits on memory, a quarter of a program's latency (modelled). A branch in the kernel,
-    # as in _chunk_output_kernel. The chunk's length in int32, so that its tokens' offsets are
-    # (run_chunked_triton checks they fit): in int64 they took an eighth of the program's
+    # as in _chunk_output_kernel. The chunk's length is int32, and with it its tokens' offsets
+    # (run_chunked_triton checks that they fit): in int64 they took an eighth of the program's
     # instructions and a sixth of its latency (modelled).
     i_row = tl.program_id(0).to(tl.int64)
     if (row_chunks > 0) & (i_row < nchunks):
