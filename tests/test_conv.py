@@ -186,6 +186,10 @@ def test_decode_step_equals_one_token_pass(backend, dtype, device):
     assert torch.equal(out, one.out[..., 0])
     assert torch.equal(state[slots], one.final_states)
     assert torch.equal(state[[0, 2, 4]], pool[[0, 2, 4]])
+    unchecked = pool.clone()  # validate=False skips the checks, not the work
+    again = causal_conv1d_update(kw["x"][..., 0], unchecked, kw["weight"], kw["bias"], "silu", slots, validate=False,
+                                 backend=backend)
+    assert torch.equal(again, out) and torch.equal(unchecked, state)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -263,6 +267,16 @@ def test_causal_conv1d_update_rejects_and_writes_nothing(changes, error, message
     with pytest.raises(error, match=message):
         causal_conv1d_update(**kw)
     assert torch.equal(kw["conv_state"], before)
+
+
+@pytest.mark.parametrize("flag", ["no", "", 0, None])
+def test_causal_conv1d_update_validate_must_be_a_bool(flag):
+    """validate="no" (truthy) would validate and validate="" would skip every check silently."""
+    state = torch.randn(3, DIM, WIDTH - 1)
+    before = state.clone()
+    with pytest.raises(TypeError, match=r"validate must be a bool \(True or False\)"):
+        causal_conv1d_update(torch.randn(3, DIM), state, torch.randn(DIM, WIDTH), validate=flag)
+    assert torch.equal(state, before)
 
 
 def test_triton_backend_needs_cuda_or_the_interpreter(monkeypatch):

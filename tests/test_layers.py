@@ -207,6 +207,26 @@ def test_decode_step_equals_one_token_pass_and_continues_a_prefill(layer):
 
 
 @torch.no_grad()
+def test_decode_step_checks_its_inputs_once(layer, monkeypatch):
+    """step() checks the state and hidden states itself; the conv and scan ops it calls on the
+    layer's own projections do not check them again (host time on every decode step)."""
+    import ssm_kernels.conv.conv1d as conv1d
+    import ssm_kernels.scan.mamba2 as mamba2_ops
+
+    hidden = torch.randn(2, 6, HIDDEN)
+    state = layer(hidden[:, :5]).state
+    expected = layer.step(hidden[:, 5], LayerState(state.conv.clone(), state.ssm.clone(), state.positions))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an op validated its arguments inside step()")
+    monkeypatch.setattr(conv1d, "_check_params", refuse)
+    monkeypatch.setattr(mamba2_ops, "check_mamba2_args", refuse)
+    assert torch.equal(layer.step(hidden[:, 5], state), expected)
+    with pytest.raises(ValueError, match="state.ssm"):  # the layer's own checks still run
+        layer.step(hidden[:, 5], LayerState(state.conv, state.ssm[:, :1], state.positions))
+
+
+@torch.no_grad()
 def test_bfloat16_split_is_bitwise():
     layer = randomised(mamba2(backend="torch", exact=True, dtype=torch.bfloat16))
     hidden = torch.randn(1, 9, HIDDEN, dtype=torch.bfloat16)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import _replay
-from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_same_device, check_state_indices, check_tensor,
-                       check_tensor_args, check_written, make_capture_table, make_sequences, new_output,
-                       resolve_backend)
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_same_device, check_state_indices,
+                       check_tensor, check_tensor_args, check_written, make_capture_table, make_sequences,
+                       new_output, resolve_backend)
 from .problem import ConvProblem, ConvResult
 from .torch_kernel import run_torch
 from .triton_kernel import run_triton
@@ -108,7 +108,7 @@ def causal_conv1d(x, weight, bias=None, *, activation=None, initial_states=None,
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None, *,
-                         backend="auto") -> torch.Tensor:
+                         validate=True, backend="auto") -> torch.Tensor:
     """One decode token per batch row, updating the conv state pool in place.
 
     Args:
@@ -117,20 +117,26 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
             writes slot state_indices[b] (default b). No overlapping memory, not requiring grad.
         weight, bias, activation, backend: as in causal_conv1d.
         state_indices: (batch,) int32/int64, distinct slots (default 0..batch-1).
+        validate: check every argument, index ranges included (the indices are read on the
+            host: one device sync on CUDA). False skips all checks, for callers that already
+            validated (a layer's decode step); invalid input is then undefined behaviour.
 
     Returns:
         out: (batch, dim) in x's dtype.
 
     Bit-identical to a one-token causal_conv1d pass from the same state (it is one).
     """
-    check_tensor_args(dict(x=x, conv_state=conv_state, weight=weight), dict(bias=bias, state_indices=state_indices))
-    dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch",))
-    _check_state("conv_state", conv_state, x, [("nslots", None), ("dim", dim), ("width - 1", width - 1)])
-    device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
-                               state_indices=state_indices)
-    check_written(dict(conv_state=conv_state), dict(x=x, weight=weight, bias=bias, state_indices=state_indices))
     batch = x.shape[0]
-    check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state")
+    if check_bool("validate", validate):
+        check_tensor_args(dict(x=x, conv_state=conv_state, weight=weight), dict(bias=bias, state_indices=state_indices))
+        dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch",))
+        _check_state("conv_state", conv_state, x, [("nslots", None), ("dim", dim), ("width - 1", width - 1)])
+        device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
+                                   state_indices=state_indices)
+        check_written(dict(conv_state=conv_state), dict(x=x, weight=weight, bias=bias, state_indices=state_indices))
+        check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state")
+    else:
+        dim, silu, device = x.shape[1], activation is not None, x.device
     seqs = Sequences(None, [1] * batch, varlen=False)
     backend = resolve_backend(backend, device)
 
