@@ -378,6 +378,25 @@ def test_decode_step_captures(family, device):
             assert torch.equal(s.conv, hf_cache.linear_layer(cache, s.layer).conv_states[0][row, :, 1:])
 
 
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
+def test_decode_step_leaves_transformers_conv_state(family, device):
+    """A decode step updates the conv cache in place to what transformers' own step leaves, bit
+    for bit, its never-read first column included: at the first SSM layer, whose conv inputs are
+    the same projections of the same embeddings on both paths."""
+    ids, dec = inputs(device)
+    states = []
+    for patched in (False, True):
+        model, _ = build(family, device)
+        if patched:
+            use_ssm_kernels(model)
+        cache = DynamicCache(config=model.config)
+        run(model, ids, cache, 0)
+        run(model, dec[:, :1], cache, PROMPT)
+        first = min(m.layer_idx for m in model.modules() if hasattr(m, "conv1d") and hasattr(m, "layer_idx"))
+        states.append(hf_cache.linear_layer(cache, first).conv_states[0])
+    assert torch.equal(states[1], states[0])
+
+
 def test_an_older_transformers_is_refused(monkeypatch, device):
     """Below the oldest release tested the adapter refuses to patch, naming the release it needs."""
     model, _ = build("Mamba2", device)

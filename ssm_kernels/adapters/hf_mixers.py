@@ -227,17 +227,25 @@ def _prefill_conv(conv: _Conv, x, init, offsets):
 
 def _decode_conv(conv: _Conv, x, conv_state, offsets):
     """One token x (batch, dim) against transformers' conv state (batch, dim, width), updated in
-    place as transformers' causal_conv1d_update does. Returns (out, captures at 0 and 1)."""
+    place as transformers' causal_conv1d_update updates it: cat(state[..., 1:], x), whose first
+    column is never read. Returns (out, captures at 0 and 1)."""
     keep = conv.width - 1
-    tail = hf_cache.conv_tail(conv_state, keep, x)
+    if keep and conv_state.dtype == x.dtype and conv_state.shape[-1] == conv.width:
+        # The kernel updates the newest `keep` columns in place (a strided view); the first column
+        # takes the second's value first, as the cat would give it.
+        tail = conv_state[..., 1:]
+        before = tail.clone() if 0 in offsets else None
+        conv_state[..., 0] = conv_state[..., 1]
+        out = causal_conv1d_update(x, tail, conv.weight, conv.bias, activation=conv.activation, backend=conv.backend)
+        return conv.finish(out), _decode_caps(offsets, before, tail)
+    tail = hf_cache.conv_tail(conv_state, keep, x)  # another dtype or width: through a copy
     before = tail.clone() if 0 in offsets else None
     out = causal_conv1d_update(x, tail, conv.weight, conv.bias, activation=conv.activation, backend=conv.backend)
-    # transformers keeps one more (never read) column: its state becomes cat(state[..., 1:], x).
     if keep:
-        new = torch.cat([conv_state[..., -keep:][..., :1].to(x.dtype), tail], dim=-1)
+        conv_state.copy_(torch.cat([conv_state[..., -keep:][..., :1].to(x.dtype), tail], dim=-1))
     else:
-        new = x.unsqueeze(-1)
-    return conv.finish(out), new, _decode_caps(offsets, before, tail)
+        conv_state.copy_(x.unsqueeze(-1))
+    return conv.finish(out), _decode_caps(offsets, before, tail)
 
 
 def _decode_caps(offsets, before, after):
@@ -293,7 +301,7 @@ def mamba2_forward(self, hidden_states, *args, **kwargs):
 
     decode = conv_state is not None and ssm_state is not None and seqlen == 1
     if decode and not hf_cache.record_past(layer):
-        xBC, new_conv, conv_caps = _decode_conv(conv, xBC[:, 0], conv_state, offsets)
+        xBC, conv_caps = _decode_conv(conv, xBC[:, 0], conv_state, offsets)
         xBC = mask(xBC.unsqueeze(1), attention_mask)[:, 0]
         x, B, C = xBC.split([inter, ng * ds, ng * ds], dim=-1)
         state = _as_f32(ssm_state)
@@ -304,7 +312,6 @@ def mamba2_forward(self, hidden_states, *args, **kwargs):
                                    z=gate[:, 0].reshape(batch, nh, hd) if gate_in_scan else None, **ssm_opts)
         if state is not ssm_state:
             ssm_state.copy_(state)
-        conv_state.copy_(new_conv)
         hf_cache.count_step(cache, self.layer_idx)
         ssm_caps = _decode_caps(offsets, before, state)
         y = y.reshape(batch, 1, inter)
@@ -359,14 +366,13 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
     A = -torch.exp(self.A_log.float())
     backend = ctx.adapter.backend
     conv = _Conv(self, backend)
-    decode = conv_state is not None and ssm_state is not None and seqlen == 1
-    if decode and not hf_cache.record_past(layer):
-        x, new_conv, conv_caps = _decode_conv(conv, x_in[..., 0], conv_state, offsets)
+    step = conv_state is not None and ssm_state is not None and seqlen == 1 and not hf_cache.record_past(layer)
+    if step:
+        x, conv_caps = _decode_conv(conv, x_in[..., 0], conv_state, offsets)
         x = x.unsqueeze(-1)
     else:
         init_conv = hf_cache.conv_tail(conv_state, conv.width - 1, x_in)
         x, conv_caps = _prefill_conv(conv, x_in, init_conv, offsets)
-        new_conv = None
     x = mask(x.transpose(1, 2), attention_mask)  # (batch, seqlen, intermediate)
     time_step, B, C = torch.split(self.x_proj(x), [self.time_step_rank, self.ssm_state_size, self.ssm_state_size],
                                   dim=-1)
@@ -383,9 +389,8 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
                          z=gate, delta_bias=delta_bias, delta_softplus=True, initial_states=state,
                          capture=_pairs(offsets, batch) or None, backend=backend)
     ssm_caps = _by_offset(result.captured_states, offsets, batch)
-    if new_conv is not None:  # decode: update transformers' states in place
+    if step:  # its conv state already updated in place
         ssm_state.copy_(result.final_states)
-        conv_state.copy_(new_conv)
         hf_cache.count_step(cache, self.layer_idx)
     elif cache is not None:
         hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states)
