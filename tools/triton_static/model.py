@@ -472,21 +472,51 @@ def _loop_shares(loop: Loop, lines: dict[str, float], executions: float | None) 
     return shares
 
 
+def _fors_around(where: str) -> set[tuple[str, int]]:
+    """The `for` statements (file, header line) whose header or body holds a line of an
+    instruction's chain of call sites."""
+    fors = set()
+    for key in where.split("<"):
+        path, line = local_source(key)
+        fors.update((path, header) for header, _, last in _loops_of(path) if header <= line <= last)
+    return fors
+
+
+def _own_instrs(loop: Loop) -> list[Instr]:
+    """The loop's instructions from the source `for` that most of them come from (the innermost
+    where several hold as many): lines outside it that the compiler placed in the loop's address
+    range (code after a branch that skips the loop) would otherwise lend it their counts. All of
+    them where no `for` holds at least half (a `while` loop, code without source lines)."""
+    chained = [i for i in loop.instrs if i.chain]
+    around = [_fors_around(i.where) for i in chained]
+    votes: dict[tuple[str, int], int] = {}
+    for fors in around:
+        for f in fors:
+            votes[f] = votes.get(f, 0) + 1
+    if not votes or 2 * max(votes.values()) < len(chained):
+        return loop.instrs
+    top = max(votes.values())
+    home = min((f for f, n in votes.items() if n == top),
+               key=lambda f: next(last - header for header, _, last in _loops_of(f[0]) if header == f[1]))
+    return [i for i, fors in zip(chained, around) if home in fors]
+
+
 def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list[str]]:
-    """How many times the loop body ran over the whole grid: the median, over its instructions,
-    of how many times each one's source line ran (lines outside the loop that the compiler
-    placed in it, and prologue copies, do not move a median); 0 for a loop no line of which ran,
-    nor any of its call sites, in a file whose lines were counted (a loop of inlined helpers whose
+    """How many times the loop body ran over the whole grid: the median, over the instructions of
+    its source loop (_own_instrs), of how many times each one's source line ran (prologue copies do
+    not move a median); 0 for a loop no line of which ran, nor any of its call sites, in a file
+    whose lines were counted (a loop of inlined helpers whose
     call site never ran, see _straight_share, or one in a branch no program took; a binary whose
     lines name another copy of the source, which Triton's cache may hand out, stays uncounted),
     and for one whose body never ran (_in_unentered_loop)."""
-    counted = sorted(c for c in (_line_count(i, lines) for i in loop.instrs if i.chain) if c)
+    own = _own_instrs(loop)
+    counted = sorted(c for c in (_line_count(i, lines) for i in own if i.chain) if c)
     files = _counted_files(lines)
     if not counted and any(i.chain and all(site.rsplit(":", 1)[0] in files for site in i.where.split("<"))
-                           for i in loop.instrs):
+                           for i in own):
         return 0.0, []  # no program reached it
     ran = _ran_suffixes(lines)
-    body = [i for i in loop.instrs if i.chain and not _on_for_line(i.where)]
+    body = [i for i in own if i.chain and not _on_for_line(i.where)]
     if lines and body and all(_in_unentered_loop(i.where, lines, ran) for i in body):
         return 0.0, []  # its body never ran
     keys = {}

@@ -159,6 +159,30 @@ def test_a_loop_whose_body_never_ran_runs_zero_times():
     assert model._straight_share(instrs[1], {**ran, key(20, 40): 8.0}, programs=8) == 1.0
 
 
+def test_code_after_a_skipped_loop_placed_in_its_range_does_not_lend_it_its_count():
+    """The row sum's loop (toy_kernels: `for` on line 19, body 20-21, inlined at line 40) never
+    entered, with two instructions of the store after it (line 22, run by every program) that the
+    compiler placed inside the loop's address range: the loop runs 0 times, not the store's once a
+    program; with its body counted, its own lines' median. A loop with no `for` holding half its
+    instructions takes the median of all of them."""
+    import toy_kernels
+    from triton_static.sass import Loop
+    path = toy_kernels.__file__
+    at = [(19, 40), (20, 40), (21, 40), (22, 40), (22, 40)]
+    instrs = [Instr(16 * k, "", "IADD3", ["R1", "R1", "0x1", "RZ"], tuple((path, line) for line in chain))
+              for k, chain in enumerate(at)]
+    loop = Loop(start=0, end=16 * len(at), instrs=instrs)
+
+    def key(*chain):
+        return "<".join(source_key(path, line) for line in chain)
+    skipped = {key(19, 40): 8.0, key(22, 40): 8.0, key(40): 8.0}
+    assert model._executions(loop, skipped)[0] == 0.0
+    ran = {**skipped, key(20, 40): 32.0, key(21, 40): 32.0}
+    assert model._executions(loop, ran)[0] == 32.0
+    outside = Loop(start=0, end=48, instrs=[instrs[1], instrs[3], instrs[4]])  # 1 of 3 in the `for`
+    assert model._executions(outside, ran)[0] == 8.0
+
+
 def test_a_branch_inside_a_loop_counts_for_the_iterations_that_ran_it():
     """toy_kernels.double_every_eighth, 128 iterations in all: the add and the test run in every
     one, the doubling in 16. Its unpredicated instruction issues in 1/8 of them and leaves the
