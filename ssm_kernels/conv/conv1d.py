@@ -126,7 +126,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
 
     Bit-identical to a one-token causal_conv1d pass from the same state (it is one).
     """
-    batch = x.shape[0]
     if check_bool("validate", validate):
         check_tensor_args(dict(x=x, conv_state=conv_state, weight=weight), dict(bias=bias, state_indices=state_indices))
         dim, width, silu = _check_params(x, weight, bias, activation, token_dims=("batch",))
@@ -134,9 +133,10 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
         device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
                                    state_indices=state_indices)
         check_written(dict(conv_state=conv_state), dict(x=x, weight=weight, bias=bias, state_indices=state_indices))
-        check_state_indices(state_indices, batch, conv_state.shape[0], "conv_state")
+        check_state_indices(state_indices, x.shape[0], conv_state.shape[0], "conv_state")
     else:
         dim, silu, device = x.shape[1], activation is not None, x.device
+    batch = x.shape[0]
     seqs = Sequences(None, [1] * batch, varlen=False)
     backend = resolve_backend(backend, device)
 
