@@ -211,6 +211,7 @@ def test_decode_step_checks_its_inputs_once(layer, monkeypatch):
     """step() checks the state and hidden states itself; the conv and scan ops it calls on the
     layer's own projections do not check them again (host time on every decode step)."""
     import ssm_kernels.conv.conv1d as conv1d
+    import ssm_kernels.scan.mamba1 as mamba1_ops
     import ssm_kernels.scan.mamba2 as mamba2_ops
 
     hidden = torch.randn(2, 6, HIDDEN)
@@ -221,6 +222,7 @@ def test_decode_step_checks_its_inputs_once(layer, monkeypatch):
         raise AssertionError("an op validated its arguments inside step()")
     monkeypatch.setattr(conv1d, "_check_params", refuse)
     monkeypatch.setattr(mamba2_ops, "check_mamba2_args", refuse)
+    monkeypatch.setattr(mamba1_ops, "check_tensor_args", refuse)  # mamba1_scan's first check
     assert torch.equal(layer.step(hidden[:, 5], state), expected)
     with pytest.raises(ValueError, match="state.ssm"):  # the layer's own checks still run
         layer.step(hidden[:, 5], LayerState(state.conv, state.ssm[:, :1], state.positions))
@@ -247,6 +249,20 @@ def test_triton_backend_runs_the_layer_bitwise(device):
     assert torch.equal(tail.out, whole.out[:, 3:]) and torch.equal(tail.state.ssm, whole.state.ssm)
     layer.backend = "torch"
     assert_rel_close(whole.out, layer(hidden).out.double(), 1e-5, "triton vs torch")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", sorted(MIXERS))
+def test_triton_decode_step_equals_one_token_pass(kind, device):
+    """The decode step on Triton (the interpreter on CPU), its state updated in place, gives a
+    one-token pass's output and states bit for bit."""
+    layer = randomised(MIXERS[kind](backend="triton", exact=True)).to(device)
+    hidden = torch.randn(2, 4, HIDDEN, device=device)
+    whole = layer(hidden)
+    state = layer(hidden[:, :3]).state
+    out = layer.step(hidden[:, 3], state)
+    assert torch.equal(out, whole.out[:, 3])
+    assert torch.equal(state.conv, whole.state.conv) and torch.equal(state.ssm, whole.state.ssm)
 
 
 @torch.no_grad()

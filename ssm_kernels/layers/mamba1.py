@@ -9,6 +9,7 @@ from torch import nn
 
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba1_scan
+from ..scan.mamba1 import mamba1_step_unchecked
 from .common import SSMMixer, check_mixer_args
 
 
@@ -20,7 +21,8 @@ class Mamba1Mixer(SSMMixer):
     x_proj gives [dt (time_step_rank), B, C (state_size each)]; dt_proj.weight maps dt to
     intermediate channels and dt_proj.bias is the scan's delta_bias (softplus on); the scan
     output, gated by silu(z) in the scan, is projected by out_proj. ``exact`` and ``backend`` as
-    in Mamba2Mixer. Decoding runs one-token mamba1_scan passes (Mamba-1's per-channel A has no
+    in Mamba2Mixer. A decode step runs the recurrent scan's one-token pass on the state in place
+    (scan.mamba1.mamba1_step_unchecked, after step()'s checks: Mamba-1's per-channel A has no
     selective_state_update layout).
     """
 
@@ -89,14 +91,20 @@ class Mamba1Mixer(SSMMixer):
         dt = self._linear(lambda r: F.linear(r, self.dt_proj.weight), dt)
         return dt, B, C
 
-    def _scan(self, u, dt, B, C, gate, initial_states, cu_seqlens=None, capture=None):
-        """mamba1_scan on token-major (batch, seqlen, channels) tensors. Recurrent: the layer's
-        passes continue each other bit for bit at any split ("auto" picks per pass)."""
+    def _scan_args(self, u, dt, B, C, gate):
+        """mamba1_scan's arguments (positional, keyword) from token-major (batch, seqlen, channels)
+        tensors."""
         t = lambda v: v.transpose(1, 2)
-        return mamba1_scan(t(u), t(dt), -torch.exp(self.A_log.float()), t(B), t(C), D=self.D.float(), z=t(gate),
-                           delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
-                           initial_states=initial_states, cu_seqlens=cu_seqlens, capture=capture,
-                           backend=self.backend, algorithm="recurrent")
+        return ((t(u), t(dt), -torch.exp(self.A_log.float()), t(B), t(C)),
+                dict(D=self.D.float(), z=t(gate), delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
+                     backend=self.backend))
+
+    def _scan(self, u, dt, B, C, gate, initial_states, cu_seqlens=None, capture=None):
+        """mamba1_scan on token-major tensors. Recurrent: the layer's passes continue each other
+        bit for bit at any split ("auto" picks per pass)."""
+        args, kwargs = self._scan_args(u, dt, B, C, gate)
+        return mamba1_scan(*args, **kwargs, initial_states=initial_states, cu_seqlens=cu_seqlens, capture=capture,
+                           algorithm="recurrent")
 
     def _mix(self, hidden_states, state, cu_seqlens, capture):
         x, gate = self._linear(self.in_proj, hidden_states).chunk(2, dim=-1)
@@ -115,6 +123,6 @@ class Mamba1Mixer(SSMMixer):
                                  activation=self.activation, validate=False, backend=self.backend)  # step() checked
         one = lambda v: v.unsqueeze(1)  # a one-token pass per sequence
         dt, B, C = self._ssm_inputs(one(u))
-        scan = self._scan(one(u), dt, B, C, one(gate), state.ssm)
-        state.ssm.copy_(scan.final_states)
-        return self._linear(self.out_proj, scan.y[:, :, 0].to(hidden_states.dtype))
+        args, kwargs = self._scan_args(one(u), dt, B, C, one(gate))
+        y = mamba1_step_unchecked(state.ssm, *args, **kwargs)  # in place, as the recurrent scan's pass
+        return self._linear(self.out_proj, y[:, :, 0].to(hidden_states.dtype))

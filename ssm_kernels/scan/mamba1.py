@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, ScanResult, check_bool, check_same_device, check_tensor, check_tensor_args,
-                       make_sequences)
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, ScanResult, Sequences, check_bool, check_same_device, check_tensor,
+                       check_tensor_args, make_sequences, new_output, resolve_backend)
 from . import dispatch, mamba1_chunked
 from .problem import ScanProblem, check_scan_sizes
 
@@ -84,15 +84,36 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
                      [("nseq", seqs.count), ("dim", dim), ("dstate", dstate)], F32)
     prepared = dispatch.prepare_pass(u, seqs, (dim, dstate), mamba1_chunked, capture=capture, backend=backend,
                                      algorithm=algorithm, chunk_size=chunk_size, start_positions=start_positions)
+    problem = mamba1_problem(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_states, seqs,
+                             prepared.captures, prepared.y, prepared.final_states, prepared.captured)
+    return dispatch.run_pass(prepared, problem, mamba1_chunked)
+
+
+def mamba1_problem(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state_in, seqs, captures, y, state_out,
+                   captured) -> ScanProblem:
+    """The scan problem of checked mamba1_scan arguments, its outputs y (like u), state_out and
+    captured ((n, dim, dstate) float32): views of mamba_ssm's layout in the scan's."""
+    ngroups = 1 if B.ndim == 3 else B.shape[1]
     grouped = lambda t: None if t is None else t.unflatten(0, (ngroups, -1))  # (dim, ...) -> (G, P, ...)
     bc_rows = lambda t: (t.unsqueeze(1) if t.ndim == 3 else t).permute(0, 3, 1, 2)  # (batch, seqlen, G, N)
     states = lambda t: None if t is None else t.unflatten(1, (ngroups, -1))
-    problem = ScanProblem(
+    return ScanProblem(
         x=_as_rows(u, ngroups), dt=_as_rows(delta, ngroups), A=grouped(A), B=bc_rows(B), C=bc_rows(C),
         D=grouped(D), z=None if z is None else _as_rows(z, ngroups), dt_bias=grouped(delta_bias),
         dt_softplus=delta_softplus, dt_min=-math.inf, dt_max=math.inf, a_per_state=True,
-        state_in=states(initial_states), state_index=None, seqs=seqs, captures=prepared.captures,
-        y=_as_rows(prepared.y, ngroups), state_out=states(prepared.final_states),
-        captured=states(prepared.captured),
+        state_in=states(state_in), state_index=None, seqs=seqs, captures=captures,
+        y=_as_rows(y, ngroups), state_out=states(state_out), captured=states(captured),
     )
-    return dispatch.run_pass(prepared, problem, mamba1_chunked)
+
+
+def mamba1_step_unchecked(state, u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
+                          backend="auto") -> torch.Tensor:
+    """One token per sequence in mamba1_scan's layout (seqlen 1), ``state`` (batch, dim, dstate)
+    float32 updated in place; returns y (batch, dim, 1) in u's dtype. Bit for bit a one-token
+    recurrent mamba1_scan from ``state``. Nothing is checked: for a caller that checked its
+    arguments (Mamba1Mixer.step); invalid input is undefined behaviour."""
+    y = new_output(*u.shape, dtype=u.dtype, device=u.device, name="y")
+    problem = mamba1_problem(u, delta, A, B, C, D, z, delta_bias, delta_softplus, state,
+                             Sequences(None, [1] * u.shape[0], varlen=False), NO_CAPTURES, y, state, state[:0])
+    dispatch.run_public(problem, resolve_backend(backend, u.device))
+    return y
