@@ -253,14 +253,18 @@ def _decode_inputs(device, batch=2, nheads=4, headdim=8, dstate=16):
     return x, dt, kw["A"], A3, B, C
 
 
-def test_state_update_half_state_touches_only_the_batch_slots(device):
+@pytest.mark.parametrize("tied", [True, False], ids=["mamba2-step", "per-channel"])
+def test_state_update_half_state_touches_only_the_batch_slots(tied, device):
     """A bfloat16 pool: the batch's slots go through float32 and are rounded back; the others keep
     every bit, and no op reads or writes the whole pool (no per-step O(nslots) copy) or compares
-    values (mamba_ssm's tie_hdim is read from the strides)."""
+    values (mamba_ssm's tie_hdim is read from the strides); on the Mamba-2 step and, with A and dt
+    materialised, on the per-channel path."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     x, dt, A, A3, B, C = _decode_inputs(device)
     dt3 = dt[..., None].expand(-1, -1, x.shape[-1])
+    if not tied:
+        A3, dt3 = A3.contiguous(), dt3.contiguous()
     state = torch.randn(64, *x.shape[1:], 16, device=device).to(torch.bfloat16)
     slots = torch.tensor([41, 3], device=device)
     before = state.clone()
@@ -297,13 +301,13 @@ def test_state_update_layout_is_read_from_strides(device, monkeypatch):
     x, dt, A, A3, B, C = _decode_inputs(device)
     dt3 = dt[..., None].expand(-1, -1, x.shape[-1])
     calls = []
-    for name in ("_state_update", "mamba1_scan"):
+    for name in ("_state_update", "mamba1_step_unchecked"):
         real = getattr(compat, name)
         monkeypatch.setattr(compat, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     pool = torch.randn(2, *x.shape[1:], 16, device=device)
     expected = pool.clone()
     ref = selective_state_update_ref(expected, x, dt, A, B, C, dt_softplus=True, dt_limit=NO_CLAMP)
-    for A_in, dt_in, path in ((A3, dt3, "_state_update"), (A3.contiguous(), dt3.contiguous(), "mamba1_scan")):
+    for A_in, dt_in, path in ((A3, dt3, "_state_update"), (A3.contiguous(), dt3.contiguous(), "mamba1_step_unchecked")):
         state = pool.clone()
         y = selective_state_update(state, x, dt_in, A_in, B, C, dt_softplus=True)
         assert calls[-1] == path

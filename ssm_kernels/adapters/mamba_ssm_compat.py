@@ -44,10 +44,11 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_bool, check_int, check_state_indices, check_tensor, check_tensor_args,
-                       check_written, make_sequences)
+from .._common import (FLOAT_DTYPES, check_bool, check_int, check_same_device, check_state_indices, check_tensor,
+                       check_tensor_args, check_written, make_sequences)
 from ..scan import mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
+from ..scan.mamba1 import mamba1_step_unchecked
 from ..scan.mamba2 import STATE_DTYPES
 from ..scan.problem import check_scan_sizes
 
@@ -351,20 +352,19 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 
 
 def _untied_update(pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rows, backend):
-    """A per-(channel, state) A: a one-token mamba1_scan over nheads * dim channels, updating
-    pool[rows] (all of pool when rows is None)."""
+    """A per-(channel, state) A: mamba1_scan's one-token recurrent pass over nheads * dim channels
+    (mamba1_step_unchecked, on the arguments checked above: the device as mamba1_scan checks it),
+    updating pool[rows] (all of pool, a contiguous float32 copy of the batch's slots, when rows is
+    None) in place."""
+    check_same_device(pool=pool, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, rows=rows)
     batch, nheads, dim = x.shape
     dstate = pool.shape[-1]
     channels = lambda t: None if t is None else t.reshape(batch, nheads * dim, 1)
     flat = lambda t: None if t is None else t.reshape(nheads * dim)
-    before = pool if rows is None else pool[rows]
-    result = mamba1_scan(channels(x), channels(dt), A.reshape(nheads * dim, dstate), B.unsqueeze(-1),
-                         C.unsqueeze(-1), D=flat(D), z=channels(z), delta_bias=flat(dt_bias),
-                         delta_softplus=dt_softplus, initial_states=before.reshape(batch, nheads * dim, dstate),
-                         backend=backend)
-    after = result.final_states.reshape(batch, nheads, dim, dstate)
-    if rows is None:
-        pool.copy_(after)
-    else:
-        pool.index_copy_(0, rows, after)
-    return result.y.reshape(batch, nheads, dim)
+    work = pool if rows is None else pool[rows]
+    y = mamba1_step_unchecked(work.view(batch, nheads * dim, dstate), channels(x), channels(dt),
+                              A.reshape(nheads * dim, dstate), B.unsqueeze(-1), C.unsqueeze(-1), D=flat(D),
+                              z=channels(z), delta_bias=flat(dt_bias), delta_softplus=dt_softplus, backend=backend)
+    if rows is not None:
+        pool.index_copy_(0, rows, work)
+    return y.reshape(batch, nheads, dim)
