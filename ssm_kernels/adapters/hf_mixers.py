@@ -230,21 +230,18 @@ def _decode_conv(conv: _Conv, x, conv_state, offsets):
     place as transformers' causal_conv1d_update updates it: cat(state[..., 1:], x), whose first
     column is never read. Returns (out, captures at 0 and 1)."""
     keep = conv.width - 1
-    if keep and conv_state.dtype == x.dtype and conv_state.shape[-1] == conv.width:
-        # The kernel updates the newest `keep` columns in place (a strided view); the first column
-        # takes the second's value first, as the cat would give it.
-        tail = conv_state[..., 1:]
-        before = tail.clone() if 0 in offsets else None
-        conv_state[..., 0] = conv_state[..., 1]
-        out = causal_conv1d_update(x, tail, conv.weight, conv.bias, activation=conv.activation, backend=conv.backend)
-        return conv.finish(out), _decode_caps(offsets, before, tail)
-    tail = hf_cache.conv_tail(conv_state, keep, x)  # another dtype or width: through a copy
+    # Where the cache holds x's dtype and `width` columns, the kernel updates its newest `keep`
+    # columns in place (a strided view), the first taking the second's value as the cat gives it;
+    # otherwise it updates a copy, which goes back with the cat.
+    in_place = keep and conv_state.dtype == x.dtype and conv_state.shape[-1] == conv.width
+    tail = conv_state[..., 1:] if in_place else hf_cache.conv_tail(conv_state, keep, x)
     before = tail.clone() if 0 in offsets else None
+    if in_place:
+        conv_state[..., 0] = conv_state[..., 1]
     out = causal_conv1d_update(x, tail, conv.weight, conv.bias, activation=conv.activation, backend=conv.backend)
-    if keep:
-        conv_state.copy_(torch.cat([conv_state[..., -keep:][..., :1].to(x.dtype), tail], dim=-1))
-    else:
-        conv_state.copy_(x.unsqueeze(-1))
+    if not in_place:
+        conv_state.copy_(torch.cat([conv_state[..., -keep:][..., :1].to(x.dtype), tail], dim=-1) if keep
+                         else x.unsqueeze(-1))
     return conv.finish(out), _decode_caps(offsets, before, tail)
 
 

@@ -70,6 +70,7 @@ import ast
 import functools
 import math
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from .sass import Code, Instr, Loop, local_source
@@ -472,13 +473,13 @@ def _loop_shares(loop: Loop, lines: dict[str, float], executions: float | None) 
     return shares
 
 
-def _fors_around(where: str) -> set[tuple[str, int]]:
-    """The `for` statements (file, header line) whose header or body holds a line of an
+def _fors_around(where: str) -> set[tuple[str, int, int]]:
+    """The `for` statements (file, header line, last line) whose header or body holds a line of an
     instruction's chain of call sites."""
     fors = set()
     for key in where.split("<"):
         path, line = local_source(key)
-        fors.update((path, header) for header, _, last in _loops_of(path) if header <= line <= last)
+        fors.update((path, header, last) for header, _, last in _loops_of(path) if header <= line <= last)
     return fors
 
 
@@ -489,15 +490,10 @@ def _own_instrs(loop: Loop) -> list[Instr]:
     them where no `for` holds at least half (a `while` loop, code without source lines)."""
     chained = [i for i in loop.instrs if i.chain]
     around = [_fors_around(i.where) for i in chained]
-    votes: dict[tuple[str, int], int] = {}
-    for fors in around:
-        for f in fors:
-            votes[f] = votes.get(f, 0) + 1
+    votes = Counter(f for fors in around for f in fors)
     if not votes or 2 * max(votes.values()) < len(chained):
         return loop.instrs
-    top = max(votes.values())
-    home = min((f for f, n in votes.items() if n == top),
-               key=lambda f: next(last - header for header, _, last in _loops_of(f[0]) if header == f[1]))
+    home = max(votes, key=lambda f: (votes[f], f[1] - f[2]))  # most votes, then the shortest span
     return [i for i, fors in zip(chained, around) if home in fors]
 
 
