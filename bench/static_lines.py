@@ -106,9 +106,8 @@ def program_parts(code: sass.Code, launch, counts: dict, mixed: bool) -> dict:
     km = model.model_kernel(code, launch.grid, launch.num_warps, code.mma_form, counts, mixed=mixed)
     load = km.global_load_cycles
     reached, lines = counts.get("reached", {}), counts.get("lines", {})
-    ran = model._ran_suffixes(reached)
     straight = code.straight
-    shares = [model._straight_share(i, reached, programs, ran) for i in straight]
+    shares = model.straight_shares(code, reached, programs)
     if mixed:  # the average program: every step weighed by its share
         steps = [share * step for share, step in zip(shares, model.replay_steps(straight, load))]
     else:  # the path most programs take

@@ -32,7 +32,9 @@ For one kernel launch on an H200:
               kernel's capture programs, counts for those programs only; in a loop, the body
               of an `if` inside the loop in the source counts for the iterations that ran it,
               bar predicated instructions, which issue either way, unless the SASS jumps over
-              them; code a helper inlines there counts 0 where the branch never ran).
+              them; code a helper inlines there counts 0 where the branch never ran; outside
+              loops, code some path through the SASS passes by, in a helper's run-time `if`
+              that never ran at its call site, counts 0 too).
     latency = waves x one program's dependent time: the straight-line code (the path most
               programs take) and each loop iteration replayed in order for one warp as the
               hardware schedules it, by the bits ptxas encodes in each instruction
@@ -415,22 +417,76 @@ def _in_unentered_loop(where: str, lines: dict[str, float], ran: frozenset[str])
     return False
 
 
+@functools.lru_cache(maxsize=None)
+def _runtime_branch_lines(path: str) -> frozenset[int]:
+    """The lines of a source file whose innermost enclosing `if` is decided at run time: its test
+    reads a local or an argument not declared tl.constexpr, or calls a function. A test of
+    constexpr arguments and module globals (INTERPRETED, a dtype) is decided at compile time: its
+    branch is compiled whole or not at all, and the compiler may name its lines for code outside it
+    (a load the other arm shares)."""
+    arms = []  # (first line, last line, decided at run time)
+    for fn in ast.walk(_tree(path)):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+        constexpr = {a.arg for a in args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)}
+        local = {a.arg for a in args} - constexpr
+        local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.If):
+                runtime = any(isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id in local)
+                              for n in ast.walk(node.test))
+                arms += [(arm[0].lineno, arm[-1].end_lineno, runtime) for arm in (node.body, node.orelse) if arm]
+    lines = set()
+    for line in {n for first, last, _ in arms for n in range(first, last + 1)}:
+        if min((arm for arm in arms if arm[0] <= line <= arm[1]), key=lambda arm: arm[1] - arm[0])[2]:
+            lines.add(line)
+    return frozenset(lines)
+
+
+def _in_untaken_branch(where: str, files: set[str], ran: frozenset[str]) -> bool:
+    """Whether a line of an instruction's chain of call sites lies in a run-time branch (its
+    innermost) and never ran at that chain's call sites (nor, for a chain the compiler recorded
+    without its call sites, at any), in a file whose lines were counted (not one the interpreter
+    runs natively, as Triton's reductions). _line_count cannot tell: it counts an uncounted line
+    of a helper as the helper's call site, which ran."""
+    chain = where.split("<")
+    for i, key in enumerate(chain):
+        path, line = local_source(key)
+        if key.rsplit(":", 1)[0] in files and line in _runtime_branch_lines(path):
+            tail = "<".join(chain[i:])
+            if tail not in ran and not any(k.startswith(tail + "<") for k in ran):
+                return True
+    return False
+
+
 def _straight_share(instr: Instr, reached: dict[str, float], programs: int,
-                    ran: frozenset[str] | None = None) -> float:
+                    ran: frozenset[str] | None = None, skippable: bool = False) -> float:
     """The fraction of programs that run a straight-line instruction: the programs that ran its
     source line (triton_static.counts "reached") / programs, 0 where no program ran it (a branch not
     taken, a loop body never entered); 1 where there is nothing to go by (no counts, no source line,
     or a function header, whose lines the interpreter does not report). ran: _ran_suffixes(reached),
-    computed once a kernel."""
+    computed once a kernel. skippable: some path through the kernel passes the instruction by
+    (sass.Code.skippable): then code that an inlined helper's untaken run-time branch holds counts
+    0 (a predicated instruction that every path issues counts as its line)."""
     if not reached or not instr.chain:
         return 1.0
-    if _in_unentered_loop(instr.where, reached, _ran_suffixes(reached) if ran is None else ran):
+    ran = _ran_suffixes(reached) if ran is None else ran
+    if _in_unentered_loop(instr.where, reached, ran):
+        return 0.0
+    if skippable and _in_untaken_branch(instr.where, _counted_files(reached), ran):
         return 0.0
     count = _line_count(instr, reached)
     if count is None:
         path, line = local_source(instr.where.split("<")[-1])
         return 1.0 if line in _signature_lines(path) else 0.0
     return min(count / max(programs, 1), 1.0)
+
+
+def straight_shares(code: Code, reached: dict[str, float], programs: int) -> list[float]:
+    """_straight_share of each of the code's straight-line instructions (Code.straight's order)."""
+    ran = _ran_suffixes(reached)
+    return [_straight_share(i, reached, programs, ran, i.address in code.skippable) for i in code.straight]
 
 
 @functools.lru_cache(maxsize=None)
@@ -542,8 +598,7 @@ def model_kernel(code: Code, grid: tuple[int, int, int], num_warps: int, mma_for
     lines = counts.get("lines", {})
     straight = code.straight
     reached = counts.get("reached", {})
-    ran = _ran_suffixes(reached)
-    shares = [_straight_share(i, reached, programs, ran) for i in straight]
+    shares = straight_shares(code, reached, programs)
     slots = issue_slots(straight, shares) * programs
     instructions = sum(shares) * programs
     # One program's dependent time follows the straight-line path most programs take, or a mixed

@@ -139,6 +139,8 @@ class Code:
     shared: int  # bytes of shared memory the launch allocates (Triton's metadata)
     instrs: list[Instr]
     loops: list[Loop]
+    # addresses of the instructions that some path from the entry to an EXIT does not pass (skippable)
+    skippable: frozenset[int] = frozenset()
 
     @property
     def straight(self) -> list[Instr]:
@@ -275,13 +277,57 @@ def find_loops(instrs: list[Instr], labels: dict[str, int]) -> list[Loop]:
     return loops
 
 
+def skippable(instrs: list[Instr], labels: dict[str, int]) -> frozenset[int]:
+    """Addresses of the instructions that some path from the kernel's entry to an EXIT does not
+    pass through: a branch's arms, code a branch jumps over, a loop that may run no iteration.
+    By basic block: a block is skippable where an EXIT stays reachable from the entry without it.
+    Code reached only by a CALL (a subroutine) is left out; nothing is, where an indirect branch
+    leaves the graph unknown."""
+    if any(i.base in ("BRX", "JMX") for i in instrs):
+        return frozenset()
+    index = {i.address: k for k, i in enumerate(instrs)}
+    always = lambda i: i.predicate in ("", "@PT")  # noqa: E731
+    target = {}
+    for k, i in enumerate(instrs):
+        m = _TARGET.search(" ".join(i.operands)) if i.base == "BRA" and i.predicate != "@!PT" else None
+        if m and labels.get(m["label"]) in index:
+            target[k] = index[labels[m["label"]]]
+    ends = {k for k, i in enumerate(instrs) if i.base in ("BRA", "EXIT", "RET")}
+    leaders = sorted({0, *target.values(), *(k + 1 for k in ends if k + 1 < len(instrs))})
+    block_of = {start: b for b, start in enumerate(leaders)}
+    bounds = list(zip(leaders, leaders[1:] + [len(instrs)]))
+    succ, exits = [], set()
+    for b, (start, stop) in enumerate(bounds):
+        last, nxt = instrs[stop - 1], [block_of[stop]] if stop < len(instrs) else []
+        if last.base in ("EXIT", "RET"):
+            exits.add(b)
+            succ.append([] if always(last) else nxt)
+        elif stop - 1 in target:
+            succ.append([block_of[target[stop - 1]]] + ([] if always(last) else nxt))
+        else:
+            succ.append(nxt)
+
+    def reach(avoid: int | None) -> set[int]:
+        seen, todo = set(), [0] if avoid != 0 else []
+        while todo:
+            b = todo.pop()
+            if b not in seen:
+                seen.add(b)
+                todo += [s for s in succ[b] if s != avoid]
+        return seen
+
+    reachable = reach(None) if instrs else set()
+    skipped = [b for b in reachable if b and exits & reach(b)]
+    return frozenset(instrs[k].address for b in skipped for k in range(*bounds[b]))
+
+
 @lru_cache(maxsize=None)
 def _read(cubin: bytes, ptx: str, shared: int, enable_fp_fusion: bool) -> Code:
     usage = ptxas_usage(ptx, enable_fp_fusion)
     instrs, labels = disassemble(cubin)
     return Code(registers=cubin_registers(cubin), ptxas_registers=usage["registers"],
                 spill_stores=usage["spill_stores"], spill_loads=usage["spill_loads"], stack=usage["stack"],
-                shared=shared, instrs=instrs, loops=find_loops(instrs, labels))
+                shared=shared, instrs=instrs, loops=find_loops(instrs, labels), skippable=skippable(instrs, labels))
 
 
 def read(kernel) -> Code:

@@ -60,6 +60,59 @@ def test_straight_line_code_counts_for_the_programs_that_run_it():
     assert model._straight_share(Instr(0, "", "FADD", [], ()), reached, 100) == 1  # no source line
 
 
+def test_a_skippable_instruction_in_a_helper_s_untaken_branch_counts_for_no_program():
+    """clamp_low_scaled's branch (`if low > 0`, decided at run time) inlined at a call site every
+    program ran, its body never run: code that a path through the kernel skips
+    (sass.Code.skippable) counts 0, though _line_count would lend it the call site's count;
+    predicated code that every path issues counts as the call site. The branch nested in it is
+    decided at compile time (constexpr SCALE): compiled whole or not at all, and the compiler may
+    name its lines for code outside it, so its lines count as the call site either way."""
+    import toy_kernels
+
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.clamp_low_scaled.fn)
+    test, clamp, scale = (header + next(i for i, text in enumerate(lines) if text.strip().startswith(start))
+                          for start in ("if low", "x = tl.maximum", "x = x * k"))
+    call = inspect.getsourcelines(toy_kernels.row_sum)[1] + 1  # any line of the file stands for the call site
+    key = lambda *chain: "<".join(source_key(path, line) for line in chain)  # noqa: E731
+    reached = {key(call): 100, key(test, call): 100}
+
+    def share(line, skippable, counts=reached, chain=True):
+        sites = ((path, line), (path, call)) if chain else ((path, line),)
+        return model._straight_share(Instr(0, "", "FMUL", ["R1", "R2", "R3"], sites), counts, 100, skippable=skippable)
+
+    assert share(clamp, skippable=True) == 0
+    assert share(clamp, skippable=False) == 1
+    assert share(scale, skippable=True) == share(scale, skippable=False) == 1
+    ran = {**reached, key(clamp, call): 25}
+    assert share(clamp, skippable=True, counts=ran) == 0.25
+    assert share(clamp, skippable=True, counts=ran, chain=False) == 0.25  # recorded without its call site
+
+
+def test_skippable_code_is_what_some_path_to_an_exit_passes_by():
+    """A branch over code that rejoins, an arm placed after the EXIT that only a branch reaches, a
+    predicated EXIT before a store, and a loop whose body runs at least once (the branch closing it
+    sits at its end)."""
+    from triton_static.sass import skippable
+
+    def code(*ops):
+        instrs = []
+        for k, op in enumerate(ops):
+            pred, _, rest = op.rpartition(" ") if op.startswith("@") else ("", "", op)
+            opcode, _, label = rest.partition(">")
+            instrs.append(Instr(16 * k, pred, opcode, [f"`(.L_x_{label})"] if label else ["R1"], ()))
+        return instrs
+
+    labels = {f".L_x_{k}": 16 * k for k in range(12)}
+    arms = code("ISETP", "@P0 BRA>5", "FADD", "STG", "EXIT", "FMUL", "STG", "EXIT")
+    assert skippable(arms, labels) == {32, 48, 64, 80, 96, 112}
+    rejoin = code("@P0 BRA>3", "FADD", "FADD", "FMUL", "@P1 EXIT", "STG", "EXIT")
+    assert skippable(rejoin, labels) == {16, 32, 80, 96}
+    assert skippable(code("FADD", "@P0 BRA>0", "EXIT"), labels) == set()
+    assert skippable(code("@!PT BRA>2", "FADD", "EXIT"), labels) == set()  # a branch never taken
+    assert skippable(code("@P0 BRX", "FADD", "EXIT"), labels) == set()  # an indirect branch: unknown
+
+
 def test_programs_share_a_line_only_from_the_storage_s_start():
     """Cache lines are counted from each storage's start, as on a GPU (allocations aligned to 256
     bytes), not from absolute CPU addresses, whose 64-byte alignment would vary from run to run."""

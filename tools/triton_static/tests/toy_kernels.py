@@ -1,5 +1,5 @@
-"""Toy kernels for the tool's tests (no other package needed): a row sum, helpers with a branch
-(one inside a loop), whose source lines (by number: keep them in place) the model's tests use.
+"""Toy kernels for the tool's tests (no other package needed): a row sum, helpers with a branch (one
+in a loop, one decided at compile time), whose source lines (by number: keep them) the tests use.
 
 `row_sum_kernel` follows TRITON_INTERPRET as this module is imported (the counts' subprocess
 interprets it); `jit_row_sum_kernel` is the same function as a JITFunction whatever the mode, so
@@ -61,3 +61,12 @@ def wait(request: dict, size: int) -> None:
     """A runner that counts nothing for a minute (a parent killed meanwhile must not leave it)."""
     import time
     time.sleep(60)
+
+
+@triton.jit
+def clamp_low_scaled(x, low, k, SCALE: tl.constexpr):
+    if low > 0:
+        x = tl.maximum(x, low)
+        if SCALE:
+            x = x * k
+    return x
