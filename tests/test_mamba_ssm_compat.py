@@ -225,9 +225,11 @@ def test_state_update_mamba2_layout(device):
     assert_rel_close(state, expected_state, TOL, "state")
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
 @pytest.mark.parametrize("heads", [False, True])
-def test_state_update_mamba1_layout(heads, device):
-    """A per (channel, state) is not a Mamba-2 step: it runs as a one-token Mamba-1 scan."""
+def test_state_update_mamba1_layout(heads, backend, device):
+    """A per (channel, state) is not a Mamba-2 step: it runs as a one-token Mamba-1 scan, on the
+    state in place (Triton too, under the interpreter without a GPU)."""
     batch, dim, dstate = 2, 12, 8
     kw = to(device, mamba1_inputs(batch, 1, dim=dim, dstate=dstate))
     state = torch.randn(batch, dim, dstate, device=device)
@@ -241,7 +243,7 @@ def test_state_update_mamba1_layout(heads, device):
                 args[3][:, None], args[4][:, None]]
         opts = dict(D=kw["D"].view(3, 4), z=opts["z"].view(batch, 3, 4), dt_bias=kw["delta_bias"].view(3, 4),
                     dt_softplus=True)
-    y = selective_state_update(state, *args, **opts)
+    y = selective_state_update(state, *args, **opts, backend=backend)
     assert_rel_close(y.reshape(batch, dim), ref.y[..., 0], TOL, "out")
     assert_rel_close(state.reshape(batch, dim, dstate), ref.final_states, TOL, "state")
 
@@ -301,13 +303,13 @@ def test_state_update_layout_is_read_from_strides(device, monkeypatch):
     x, dt, A, A3, B, C = _decode_inputs(device)
     dt3 = dt[..., None].expand(-1, -1, x.shape[-1])
     calls = []
-    for name in ("_state_update", "mamba1_step_unchecked"):
+    for name in ("_state_update", "_untied_update"):
         real = getattr(compat, name)
         monkeypatch.setattr(compat, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     pool = torch.randn(2, *x.shape[1:], 16, device=device)
     expected = pool.clone()
     ref = selective_state_update_ref(expected, x, dt, A, B, C, dt_softplus=True, dt_limit=NO_CLAMP)
-    for A_in, dt_in, path in ((A3, dt3, "_state_update"), (A3.contiguous(), dt3.contiguous(), "mamba1_step_unchecked")):
+    for A_in, dt_in, path in ((A3, dt3, "_state_update"), (A3.contiguous(), dt3.contiguous(), "_untied_update")):
         state = pool.clone()
         y = selective_state_update(state, x, dt_in, A_in, B, C, dt_softplus=True)
         assert calls[-1] == path

@@ -44,13 +44,12 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_bool, check_int, check_same_device, check_state_indices, check_tensor,
-                       check_tensor_args, check_written, make_sequences)
-from ..scan import mamba1_scan, mamba2_scan
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_int, check_same_device,
+                       check_state_indices, check_tensor, check_tensor_args, check_written, make_sequences, new_output,
+                       resolve_backend)
+from ..scan import dispatch, mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
-from ..scan.mamba1 import mamba1_step_unchecked
-from ..scan.mamba2 import STATE_DTYPES
-from ..scan.problem import check_scan_sizes
+from ..scan.problem import ScanProblem, check_scan_sizes
 
 NO_CLAMP = (-math.inf, math.inf)  # selective_state_update: mamba_ssm's decode step never clamps dt
 
@@ -292,10 +291,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 
     When A is broadcast along (dim, dstate) and dt, dt_bias along dim (stride 0: mamba_ssm's
     "tie_hdim" Mamba-2 layout, read from the strides as mamba_ssm does), this is
-    :func:`ssm_kernels.selective_state_update`, which updates a float16/bfloat16 state in place
-    (float32 arithmetic, stored rounded as mamba_ssm's kernel stores it); otherwise (a Mamba-1
-    layout, A per channel and state) a one-token :func:`ssm_kernels.mamba1_scan`, with a
-    float16/bfloat16 state updated through a float32 copy of the batch's slots only.
+    :func:`ssm_kernels.selective_state_update`; otherwise (a Mamba-1 layout, A per channel and
+    state) the one-token recurrent pass :func:`ssm_kernels.mamba1_scan` runs, with every entry of
+    A. Either way the batch's slots of a float32, float16 or bfloat16 state are updated in place
+    (float32 arithmetic, stored rounded as mamba_ssm's kernel stores it).
 
     Returns:
         out, like x, in x's dtype.
@@ -336,35 +335,27 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     slots = (torch.arange(batch, device=state.device) if state_batch_indices is None
              else state_batch_indices.to(state.device, torch.int64))
 
-    if state.dtype == torch.float32 or (tied and state.dtype in STATE_DTYPES):
-        pool, rows = state, slots
-    else:  # the batch's slots only: O(batch) work whatever the pool's size
-        pool, rows = state[slots].float(), None
     if tied:
-        y = _state_update(pool, x, dt[:, :, 0], A[:, 0, 0].contiguous(), B, C, D=D, z=z,
+        y = _state_update(state, x, dt[:, :, 0], A[:, 0, 0].contiguous(), B, C, D=D, z=z,
                           dt_bias=None if dt_bias is None else dt_bias[:, 0], dt_softplus=dt_softplus,
-                          dt_limit=NO_CLAMP, state_indices=rows, backend=backend)
+                          dt_limit=NO_CLAMP, state_indices=slots, backend=backend)
     else:
-        y = _untied_update(pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rows, backend)
-    if pool is not state:
-        state.index_copy_(0, slots, pool.to(state.dtype))
+        y = _untied_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, backend)
     return y if has_heads else y[:, 0]
 
 
-def _untied_update(pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, rows, backend):
-    """A per-(channel, state) A: mamba1_scan's one-token recurrent pass over nheads * dim channels
-    (mamba1_step_unchecked, on the arguments checked above: the device as mamba1_scan checks it),
-    updating pool[rows] (all of pool, a contiguous float32 copy of the batch's slots, when rows is
-    None) in place."""
-    check_same_device(pool=pool, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, rows=rows)
-    batch, nheads, dim = x.shape
-    dstate = pool.shape[-1]
-    channels = lambda t: None if t is None else t.reshape(batch, nheads * dim, 1)
-    flat = lambda t: None if t is None else t.reshape(nheads * dim)
-    work = pool if rows is None else pool[rows]
-    y = mamba1_step_unchecked(work.view(batch, nheads * dim, dstate), channels(x), channels(dt),
-                              A.reshape(nheads * dim, dstate), B.unsqueeze(-1), C.unsqueeze(-1), D=flat(D),
-                              z=channels(z), delta_bias=flat(dt_bias), delta_softplus=dt_softplus, backend=backend)
-    if rows is not None:
-        pool.index_copy_(0, rows, work)
-    return y.reshape(batch, nheads, dim)
+def _untied_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, backend):
+    """A per (channel, state): the one-token recurrent pass in the scan's layout with every entry
+    of A read (ScanProblem.a_per_state, as mamba1_scan runs it), on the arguments checked above,
+    updating state[slots] in place in the state's dtype (computed in float32 and stored rounded,
+    as the tied path stores it): no copy of the batch's rows."""
+    device = check_same_device(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots)
+    batch = x.shape[0]
+    one_token = lambda t: None if t is None else t.unsqueeze(1)  # (batch, 1, ...): the scan's time axis
+    y = new_output(batch, 1, *x.shape[1:], dtype=x.dtype, device=device, name="y")
+    dispatch.run_public(ScanProblem(
+        x=one_token(x), dt=one_token(dt), A=A, B=one_token(B), C=one_token(C), D=D, z=one_token(z), dt_bias=dt_bias,
+        dt_softplus=dt_softplus, dt_min=NO_CLAMP[0], dt_max=NO_CLAMP[1], a_per_state=True, state_in=state,
+        state_index=slots, seqs=Sequences(None, [1] * batch, varlen=False), captures=NO_CAPTURES, y=y,
+        state_out=state, captured=state[:0]), resolve_backend(backend, device))
+    return y[:, 0]
