@@ -76,6 +76,21 @@ def device_label(device: torch.device) -> str:
     return CPU_LABEL
 
 
+def functions_at(commit: str, module, names: tuple[str, ...], **missing) -> dict:
+    """The module-level functions `names` of `module`'s source as at `commit` (from git), defined
+    over the module's present namespace plus `missing` (names they used then that it no longer
+    has): an A/B's "before" side, in one process with the present code."""
+    path = Path(module.__file__).resolve().relative_to(REPO_ROOT)
+    source = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True,
+                            cwd=REPO_ROOT).stdout
+    space = {**vars(module), **missing}
+    for name in names:
+        start = source.index(f"def {name}(")
+        end = source.find("\n\n\n", start)
+        exec(source[start:end if end > 0 else len(source)], space)
+    return {name: space[name] for name in names}
+
+
 def git_commit() -> dict:
     """The commit the tree is at (BENCH_COMMIT overrides, for copies without .git) and whether the
     tree differs from it (untracked files included, bench/results excluded). Read-only git calls;

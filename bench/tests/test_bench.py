@@ -275,3 +275,14 @@ def test_kernel_times_sum_per_name_and_run():
               event("_chunk_output_kernel", 300)]
     assert per_name_ms(events, runs=2) == {"_chunk_output_kernel": 0.3, "_chunk_state_kernel": 0.1}
     assert list(per_name_ms(events, runs=2)) == ["_chunk_output_kernel", "_chunk_state_kernel"]
+
+
+def test_functions_at_defines_a_module_s_functions_as_a_commit_has_them():
+    """An A/B's "before" side (bench/results/*/..._ab.py): the function's source from git, defined
+    over the module's names in a namespace of its own."""
+    from bench.common import functions_at
+    from ssm_kernels.adapters import mamba_ssm_compat as compat
+    got = functions_at("HEAD", compat, ("_broadcast_along",))["_broadcast_along"]
+    assert got is not compat._broadcast_along
+    assert got.__code__.co_code == compat._broadcast_along.__code__.co_code
+    assert got.__globals__["_broadcast_along"] is got and compat._broadcast_along is not got

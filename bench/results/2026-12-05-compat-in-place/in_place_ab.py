@@ -6,30 +6,18 @@ state_batch_indices and a bfloat16 pool, batch 8, 4 heads of 16 channels, dstate
 launches stubbed (bench.host), alternating blocks in one run. Run from the repository root:
 PYTHONPATH=$PWD:$PWD/tools python bench/results/2026-12-05-compat-in-place/in_place_ab.py"""
 import contextlib
-import subprocess
 from unittest import mock
 
 import torch
 
 from bench import host  # chooses the Triton mode first
+from bench.common import functions_at
 from ssm_kernels.adapters import mamba_ssm_compat as compat
+from ssm_kernels.scan.mamba1 import mamba1_step_unchecked
+from ssm_kernels.scan.mamba2 import STATE_DTYPES
 
 BEFORE = "d969bf4"
 BATCH, H, P, N = 8, 4, 16, 16
-
-
-def functions_before():
-    """selective_state_update and _untied_update at BEFORE, with the names they used then."""
-    source = subprocess.run(["git", "show", f"{BEFORE}:ssm_kernels/adapters/mamba_ssm_compat.py"],
-                            capture_output=True, text=True, check=True).stdout
-    from ssm_kernels.scan.mamba1 import mamba1_step_unchecked
-    from ssm_kernels.scan.mamba2 import STATE_DTYPES
-    space = dict(vars(compat), mamba1_step_unchecked=mamba1_step_unchecked, STATE_DTYPES=STATE_DTYPES)
-    for name in ("selective_state_update", "_untied_update"):
-        start = source.index(f"def {name}(")
-        end = source.find("\n\n\n", start)
-        exec(source[start:end if end > 0 else len(source)], space)
-    return space["selective_state_update"]
 
 
 def call(dtype, update):
@@ -43,7 +31,9 @@ def call(dtype, update):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    before = functions_before()
+    before = functions_at(BEFORE, compat, ("selective_state_update", "_untied_update"),
+                          mamba1_step_unchecked=mamba1_step_unchecked,
+                          STATE_DTYPES=STATE_DTYPES)["selective_state_update"]
     chosen = {"update": compat.selective_state_update}
     update = lambda: chosen["update"]  # noqa: E731
 
