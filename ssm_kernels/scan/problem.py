@@ -77,7 +77,8 @@ class ScanProblem(CacheSlots):
         """Every optional-input flag the scan kernels take, derived from the problem in one place
         (a launcher passes a kernel its own: _triton.flags_for)."""
         return dict(
-            HAS_D=self.D is not None, HAS_Z=self.z is not None, HAS_DT_BIAS=self.dt_bias is not None,
+            HAS_D=self.D is not None, D_PER_HEAD=self.D is not None and self.D.stride(-1) == 0,
+            HAS_Z=self.z is not None, HAS_DT_BIAS=self.dt_bias is not None,
             DT_SOFTPLUS=self.dt_softplus, A_PER_STATE=self.a_per_state, HAS_INITIAL_STATE=self.state_in is not None,
             HAS_SLOT_OUT=self.state_out_index is not None, IS_VARLEN=self.seqs.varlen,
             HAS_CAPTURE=self.captures.count > 0, **self.slot_flags)

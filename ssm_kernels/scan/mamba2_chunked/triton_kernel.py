@@ -480,10 +480,10 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
                           n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                          HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
-                          HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, NONFINITE_X: tl.constexpr):
+                          HAS_D: tl.constexpr, D_PER_HEAD: tl.constexpr, HAS_Z: tl.constexpr,
+                          HAS_SLOT_IN: tl.constexpr, HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                          EVEN_D: tl.constexpr, DOT_DTYPE: tl.constexpr, NONFINITE_X: tl.constexpr):
     """Stage 5's program for chunk i_c, head i_h and M x P block i_mp; the chunk's span (batch row,
     first token, length, sequence) as _chunk_span gives it. NONFINITE_X: the diagonal block's x may
     hold a non-finite entry (below); without it, the block's x goes straight into its matmul, and
@@ -507,7 +507,10 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
     b_cs_m = tl.load(p_cs + o_m)  # [BM]
     b_ref = tl.where(m0 > 0, tl.load(p_cs + tl.maximum(m0 - 1, 0)), 0.0)  # cs before the row block
     if HAS_D:
-        b_D = tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)
+        if D_PER_HEAD:
+            b_D = tl.load(D_ptr + i_h * s_D_h).to(tl.float32)
+        else:
+            b_D = tl.load(D_ptr + i_h * s_D_h + o_p * s_D_p, mask=m_p, other=0.0).to(tl.float32)
     if m0 < n_tok:
         o_j = tl.arange(0, BLOCK_M)
         o_d = tl.arange(0, BLOCK_D)
@@ -542,12 +545,17 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
             acc += _dot(b_w, b_x, DOT_DTYPE)
         acc *= exp2_flush(b_cs_m - b_ref)[:, None]
         # The diagonal block: causal mask (C B^T is 0 above the diagonal and dt' is finite, so
-        # no NaN there meets the zero decay); its x tile is this block's own x, reused for D x. A
-        # non-finite x entry is left out of the matmul, where the zero weights of earlier rows
-        # would turn it into NaN for them, and marks its column NaN from its row on.
+        # no NaN there meets the zero decay); its x tile is this block's own x, which also takes
+        # D x: through the matmul where D is one per head (D on the weights' diagonal, rounded
+        # with them to the matmul dtype: x is not converted to the accumulator's layout, which took
+        # 9% of the kernel's instructions), else added in float32. A non-finite x entry is left out
+        # of the matmul, where the zero weights of earlier rows would turn it into NaN for them, and
+        # marks its column NaN from its row on.
         causal = o_m[:, None] >= o_m[None, :]
         b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \
             * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
+        if HAS_D and D_PER_HEAD:
+            b_w += tl.where(o_m[:, None] == o_m[None, :], b_D, 0.0)
         b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
         if NONFINITE_X:
             bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
@@ -556,7 +564,7 @@ def _chunk_output_program(i_c, i_h, i_mp, i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_p
             acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)
         else:
             acc += _dot(b_w, b_x, DOT_DTYPE)
-        if HAS_D:
+        if HAS_D and not D_PER_HEAD:
             acc += b_D[None, :] * b_x.to(tl.float32)
         if HAS_Z:
             p_z = z_ptr + (i_b * s_z_b + t0 * s_z_t + i_h * s_z_h) + o_m[:, None] * s_z_t + o_p[None, :] * s_z_p
@@ -572,7 +580,7 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                          n_pblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                          s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                         HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                         HAS_D: tl.constexpr, D_PER_HEAD: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
                          HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                          BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # The grid is (M x P block, head, chunk): the programs that re-read a chunk's x, C and C B^T
@@ -595,8 +603,8 @@ def _chunk_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, chun
                           dstate, nheads, heads_per_group, n_pblocks,
                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, EVEN_D, DOT_DTYPE,
-                          False)
+                          HAS_D, D_PER_HEAD, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, EVEN_D,
+                          DOT_DTYPE, False)
 
 
 @triton.jit(do_not_specialize=["nmarks"])
@@ -605,9 +613,9 @@ def _nonfinite_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, 
                              n_pblocks,
                              s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                              s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
-                             HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                             HAS_D: tl.constexpr, D_PER_HEAD: tl.constexpr, HAS_Z: tl.constexpr,
+                             HAS_SLOT_IN: tl.constexpr, HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                              DOT_DTYPE: tl.constexpr, MARKS: tl.constexpr):
     """Stage 5's fix-up, after _chunk_output_kernel: y again, with the diagonal blocks' non-finite
     handling, for each (chunk, head, P block) that stage 3 marked (Workspace.nonfinite), by the
@@ -628,8 +636,8 @@ def _nonfinite_output_kernel(x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, 
                                           slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group, n_pblocks,
                                           s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                                           s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                                          HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D,
-                                          EVEN_D, DOT_DTYPE, True)
+                                          HAS_D, D_PER_HEAD, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P,
+                                          BLOCK_D, EVEN_D, DOT_DTYPE, True)
 
 
 @triton.jit
@@ -660,8 +668,9 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
                        s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                        s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                       HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
-                       HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr,
+                       HAS_D: tl.constexpr, D_PER_HEAD: tl.constexpr, HAS_Z: tl.constexpr,
+                       HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
+                       HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
                        N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
@@ -766,8 +775,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
                                       n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
                                       s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
-                                      HAS_D, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P, BLOCK_D, EVEN_D,
-                                      DOT_DTYPE, True)
+                                      HAS_D, D_PER_HEAD, HAS_Z, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_M, BLOCK_P,
+                                      BLOCK_D, EVEN_D, DOT_DTYPE, True)
         else:
             if g < nchunks:  # chunk g's C B^T, a block of a group's
                 r_cb = r - n_state - n_walk - n_out
