@@ -38,7 +38,7 @@ from .static_calibration import serial_ms  # noqa: E402
 NTOKENS = 8192
 # The static model of the same variants (python -m bench.static --workload "mamba2_scan chunked"
 # --workload ablation --shape 2.7B --tokens 8192), set beside what the GPU measures.
-MODELLED = RESULTS_DIR / "2026-12-05-static-plain-walk" / "static.json"
+MODELLED = RESULTS_DIR / "2026-12-05-static-d-fold" / "static.json"
 
 
 def modelled_ratios(path: Path = MODELLED, serial: bool = False) -> dict[str, float]:
