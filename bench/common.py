@@ -1,4 +1,5 @@
-"""What every benchmark shares: timing, the environment record, time budgets, result writers.
+"""What every benchmark shares: timing, the environment record, time budgets, result writers, and
+the chunked Mamba-2 pass under another launch configuration (`configured`).
 
 Timing: on CUDA, ``triton.testing.do_bench`` with ``return_mode="median"`` (it flushes L2 between
 runs; its rep grows to five times one call for slow functions, capped); on CPU, the median of a
@@ -7,6 +8,7 @@ few wall-clock runs. The method is recorded with every figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -20,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import torch
 import triton
@@ -402,3 +405,30 @@ def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_
         write_report(bench.results, bench.out)
     print(short_table(bench.results))
     return status
+
+
+def merged(base: dict, changes: dict) -> dict:
+    """launch_config's dict `base` with `changes`: a dict value merges into the stage's own options
+    (None removes a key), any other value replaces base's."""
+    cfg = dict(base)
+    for key, value in changes.items():
+        if key not in base:
+            raise KeyError(f"launch_config has no {key!r}")
+        cfg[key] = ({k: v for k, v in {**base[key], **value}.items() if v is not None}
+                    if isinstance(value, dict) else value)
+    return cfg
+
+
+@contextlib.contextmanager
+def configured(changes: dict):
+    """Within, every chunked Mamba-2 pass runs launch_config's configuration with `changes`. The
+    recent passes' recorded launches are dropped on the way in and out (tables.recent_pass): a
+    replay would launch the configuration it was recorded with."""
+    from ssm_kernels.scan.mamba2_chunked import tables, triton_kernel
+    base = triton_kernel.launch_config
+    tables._recent_tables.cache_clear()
+    try:
+        with mock.patch.object(triton_kernel, "launch_config", lambda *args: merged(base(*args), changes)):
+            yield
+    finally:
+        tables._recent_tables.cache_clear()

@@ -1,13 +1,17 @@
-"""The chunked Mamba-2 output kernel with parts taken out (bench.ablate times them on a GPU,
-bench.static models them: its "ablation: ..." workloads).
+"""The chunked Mamba-2 output kernel with parts taken out, or built another way (bench.ablate times
+them on a GPU, bench.static models them: its "ablation: ..." workloads).
 
 Each VARIANTS entry is the kernel module's source with lines of `_chunk_output_program` replaced
 (each edit must match there once), loaded as a module of its own, whose output kernel stands in
-for the real one (stage 5 launches it; the other four stages are unchanged). A variant without a
-part computes a wrong y: only its cost counts. One puts a part back: the non-finite handling that
-the output kernel leaves to its fix-up, as every program ran it before. "unchanged" has no edit:
-a copy of the kernel that must give the real one's bits. This module chooses no Triton mode: the
-kernel module is imported when a variant is first made, under the importer's choice.
+for the real one (stage 5 launches it; the other four stages are unchanged), under launch_config
+with the variant's LAUNCH changes, if any (bench.common.configured). A variant without a part
+computes a wrong y: only its cost counts. One puts a part back: the non-finite handling that the
+output kernel leaves to its fix-up, as every program ran it before. Two compute the same y to
+rounding another way, at the register cap that fits four programs an SM where the kernel fits
+three (the static model cannot say what that is worth: its latency term credits no overlap between
+an SM's programs). "unchanged" has no edit: a copy of the kernel that must give the real one's
+bits. This module chooses no Triton mode: the kernel module is imported when a variant is first
+made, under the importer's choice.
 """
 from __future__ import annotations
 
@@ -31,6 +35,39 @@ DIAGONAL_EXP = ('exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], 
 # A part put back: the diagonal block's non-finite handling, which only the fix-up's programs run
 # (stage5_chunk_output), in every program as before the fix-up: the same y on finite inputs.
 NONFINITE = ("        if NONFINITE_X:", "        if True:")
+# The diagonal block as the kernel computes it (with its non-finite handling, which only the fix-up's
+# programs run), and in two column halves of BLOCK_M // 2 source tokens: a half's weights hold half
+# the registers, which lets the kernel fit 128 (LAUNCH), four programs an SM, without spilling. The
+# halves as a loop that Triton pipelines request the second half's tiles while the first computes.
+DIAGONAL = """        causal = o_m[:, None] >= o_m[None, :]
+        b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \\
+            * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
+        if HAS_D and D_PER_HEAD:
+            b_w += tl.where(o_m[:, None] == o_m[None, :], b_D, 0.0)
+        b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
+        if NONFINITE_X:
+            bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
+            acc += _dot(b_w, tl.where(bad, 0.0, b_x), DOT_DTYPE)
+            first_bad = tl.min(tl.where(bad, o_m[:, None], CHUNK), axis=0)  # [BP]
+            acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)
+        else:
+            acc += _dot(b_w, b_x, DOT_DTYPE)
+"""
+HALVES = """        for k_h in {loop}:
+            o_h = {first} + tl.arange(0, BLOCK_M // 2)
+            b_w = tl.load(p_cb + o_h[None, :]).to(tl.float32) * tl.load(p_dt + o_h)[None, :] \\
+                * exp2_flush(tl.where(o_m[:, None] >= o_h[None, :], b_cs_m[:, None] - tl.load(p_cs + o_h)[None, :],
+                                      -float("inf")))
+            if HAS_D and D_PER_HEAD:
+                b_w += tl.where(o_m[:, None] == o_h[None, :], b_D, 0.0)
+            b_xh = tl.load(p_x + o_h[:, None] * s_x_t, mask=(o_h < n_tok)[:, None] & m_p[None, :], other=0.0)
+            acc += _dot(b_w, b_xh, DOT_DTYPE)
+        if HAS_D and not D_PER_HEAD:
+            b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
+"""
+HALVES_UNROLLED = (DIAGONAL, HALVES.format(loop="tl.static_range(2)", first="m0 + k_h * (BLOCK_M // 2)"))
+HALVES_PIPELINED = (DIAGONAL, HALVES.format(loop="tl.range(m0, m0 + BLOCK_M, BLOCK_M // 2, num_stages=3)",
+                                            first="k_h"))
 # name: (old, new) edits of _chunk_output_program's source
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "unchanged": [],
@@ -39,7 +76,14 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no exp in the diagonal block's weights": [DIAGONAL_EXP],
     "only the diagonal block (all three out)": [INTER, BELOW, DIAGONAL_EXP],
     "with the non-finite handling in every block (as before its fix-up)": [NONFINITE],
+    "the diagonal block in two halves, 128 registers (4 programs an SM)": [HALVES_UNROLLED],
+    "the diagonal block in two halves pipelined, 128 registers (4 programs an SM)": [HALVES_PIPELINED],
 }
+# launch_config changes of a variant (bench.common.merged's): the output kernel at 128 registers, C
+# S0^T in dstate blocks of 64 (as C B^T then: BLOCK_D is both's), whose 128-wide tiles, two
+# pipeline stages of them, took 64 KB of shared memory where four programs an SM leave each 56.
+FOUR_AN_SM = {"BLOCK_D": 64, "output": {"maxnreg": 128}}
+LAUNCH: dict[str, dict] = {name: FOUR_AN_SM for name in VARIANTS if "4 programs an SM" in name}
 
 
 def variant_source(edits: list[tuple[str, str]]) -> str:
@@ -97,10 +141,12 @@ def ablated(name: str):
     """Within, stage 5 of every chunked Mamba-2 pass launches VARIANTS[name]'s output kernel. The
     recent passes' recorded launches are dropped on the way in and out, as bench.sweep's are."""
     from ssm_kernels.scan.mamba2_chunked import tables, triton_kernel
+
+    from .common import configured
     kernel = getattr(variant(name), KERNEL)
     tables._recent_tables.cache_clear()
     try:
-        with mock.patch.object(triton_kernel, KERNEL, kernel):
+        with mock.patch.object(triton_kernel, KERNEL, kernel), configured(LAUNCH.get(name, {})):
             yield
     finally:
         tables._recent_tables.cache_clear()

@@ -31,16 +31,14 @@ from . import use_triton_interpreter
 use_triton_interpreter(False if "--compile" in sys.argv[1:] else None)  # before triton is imported
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
-from unittest import mock  # noqa: E402
 
 import torch  # noqa: E402
 
 from . import workloads as wl  # noqa: E402
-from .common import (RESULTS_DIR, Budget, Terminated, bench_device, git_commit, install_sigterm_handler,  # noqa: E402
-                     kernel_times, markdown_table, rel_error, save_results)
+from .common import (RESULTS_DIR, Budget, Terminated, bench_device, configured, git_commit,  # noqa: E402
+                     install_sigterm_handler, kernel_times, markdown_table, rel_error, save_results)
 
 CONFIGS: dict[str, dict] = {
     "default": {},
@@ -64,33 +62,6 @@ CONFIGS: dict[str, dict] = {
 NTOKENS = 8192
 REDUCED_NTOKENS, REDUCED_CAPTURES = 300, [(0, 100), (0, 300)]  # two chunks of 256, a capture in each
 BOUND = {torch.bfloat16: 1e-2, torch.float32: 1e-5}  # RMS-relative error against float64 (README)
-
-
-def merged(base: dict, changes: dict) -> dict:
-    """launch_config's dict `base` with `changes`: a dict value merges into the stage's own options
-    (None removes a key), any other value replaces base's."""
-    cfg = dict(base)
-    for key, value in changes.items():
-        if key not in base:
-            raise KeyError(f"launch_config has no {key!r}")
-        cfg[key] = ({k: v for k, v in {**base[key], **value}.items() if v is not None}
-                    if isinstance(value, dict) else value)
-    return cfg
-
-
-@contextlib.contextmanager
-def configured(changes: dict):
-    """Within, every chunked Mamba-2 pass runs launch_config's configuration with `changes`. The
-    recent passes' recorded launches are dropped on the way in and out (tables.recent_pass): a
-    replay would launch the configuration it was recorded with."""
-    from ssm_kernels.scan.mamba2_chunked import tables, triton_kernel
-    base = triton_kernel.launch_config
-    tables._recent_tables.cache_clear()
-    try:
-        with mock.patch.object(triton_kernel, "launch_config", lambda *args: merged(base(*args), changes)):
-            yield
-    finally:
-        tables._recent_tables.cache_clear()
 
 
 def _scan(inp: dict, capture=None):

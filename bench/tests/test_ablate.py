@@ -1,6 +1,8 @@
 """bench.ablate: every variant's edits apply where they are meant to, the unchanged copy gives the
-real output kernel's bits, a variant reaches the pass, and its GPU bookkeeping (run here under the
-interpreter, with a stand-in timer)."""
+real output kernel's bits, a variant reaches the pass, one built another way gives y to rounding
+at its launch configuration, and its GPU bookkeeping (run here under the interpreter, with a
+stand-in timer)."""
+import contextlib
 import json
 
 import pytest
@@ -8,7 +10,7 @@ import torch
 
 from bench import ablate, output_variants, sweep
 from bench import workloads as wl
-from bench.common import Budget
+from bench.common import Budget, rel_error
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton's tensors
 
@@ -33,6 +35,36 @@ def test_the_unchanged_copy_is_bitwise_and_an_ablation_reaches_the_pass(tmp_path
     assert not rows["no inter-chunk term (C S0^T: its loads and matmul)"]
     # the handling the fix-up runs changes no bit of a finite pass's y
     assert rows["with the non-finite handling in every block (as before its fix-up)"]
+
+
+def test_a_variant_built_another_way_gives_y_to_rounding_at_its_launch_configuration(monkeypatch):
+    from ssm_kernels.scan.mamba2_chunked import triton_kernel
+    seen, real_workspace = [], triton_kernel.new_workspace
+
+    def spy(p, tables):
+        ws = real_workspace(p, tables)
+        seen.append(ws.cfg)
+        return ws
+    monkeypatch.setattr(triton_kernel, "new_workspace", spy)
+    inp = wl.mamba2_inputs(wl.REDUCED_SHAPES[0], sweep.REDUCED_NTOKENS, DEVICE)
+    real = sweep._scan(inp)
+    assert inp["x"].dtype == torch.bfloat16 and output_variants.LAUNCH
+    for name in output_variants.LAUNCH:
+        seen.clear()
+        with ablated_pass(name) as kernel:
+            got = sweep._scan(inp)
+        assert kernel.fn.__module__.startswith("ablated_") and kernel.fn.__module__ != "ablated_unchanged"
+        assert [(cfg["output"]["maxnreg"], cfg["BLOCK_D"]) for cfg in seen] == [(128, 64)], name
+        assert rel_error(got.y, real.y) < 2 ** -8, name  # bfloat16's rounding (its sums may be grouped otherwise)
+        assert torch.equal(got.final_states, real.final_states), name  # stages 1 to 4 as they were
+
+
+@contextlib.contextmanager
+def ablated_pass(name):
+    """ablate.ablated(name), yielding the output kernel that stage 5 then launches."""
+    from ssm_kernels.scan.mamba2_chunked import triton_kernel
+    with ablate.ablated(name):
+        yield triton_kernel._chunk_output_kernel
 
 
 def test_the_gpu_measurement_sets_each_variant_beside_the_unchanged_copy():
@@ -64,11 +96,13 @@ def test_the_modelled_ratios_name_every_variant():
     """The committed static report of the variants (ablate.MODELLED) has a row for each variant
     with an edit: a part taken out faster than the real kernel by the serial estimate and no slower
     by the model's time (the term that bounds the kernel may stay as it was), the part put back
-    slower by the serial estimate and no faster by the model's time."""
+    slower by the serial estimate and no faster by the model's time; the kernel built another way
+    at four programs an SM, whatever the model makes of it."""
     for serial in (False, True):
         ratios = ablate.modelled_ratios(serial=serial)
         assert list(ratios) == list(ablate.VARIANTS)
         assert ratios.pop("unchanged") == 1
         put_back = ratios.pop("with the non-finite handling in every block (as before its fix-up)")
         assert put_back > 1 if serial else put_back >= 1
+        assert all(ratios.pop(name) > 0 for name in output_variants.LAUNCH)
         assert all(0 < r < 1 if serial else 0 < r <= 1 for r in ratios.values())

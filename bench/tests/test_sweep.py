@@ -5,22 +5,22 @@ import torch
 
 from bench import sweep
 from bench import workloads as wl
-from bench.common import Budget
+from bench.common import Budget, configured, merged
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton's tensors
 
 
 def test_a_configuration_merges_into_launch_config():
     base = {"BLOCK_M": 64, "output": {"num_warps": 4, "num_stages": 2, "maxnreg": 168}}
-    assert sweep.merged(base, {"output": {"num_warps": 8, "maxnreg": None}}) == {
+    assert merged(base, {"output": {"num_warps": 8, "maxnreg": None}}) == {
         "BLOCK_M": 64, "output": {"num_warps": 8, "num_stages": 2}}
-    assert sweep.merged(base, {"BLOCK_M": 128})["BLOCK_M"] == 128
+    assert merged(base, {"BLOCK_M": 128})["BLOCK_M"] == 128
     assert base["output"]["num_warps"] == 4  # unchanged
     with pytest.raises(KeyError, match="NO_SUCH"):
-        sweep.merged(base, {"NO_SUCH": 1})
+        merged(base, {"NO_SUCH": 1})
     from ssm_kernels.scan.mamba2_chunked.triton_kernel import launch_config
     for changes in sweep.CONFIGS.values():  # every configuration names launch_config's keys
-        sweep.merged(launch_config(64, 128, 256, torch.bfloat16), changes)
+        merged(launch_config(64, 128, 256, torch.bfloat16), changes)
 
 
 def test_a_configuration_reaches_the_pass():
@@ -31,7 +31,7 @@ def test_a_configuration_reaches_the_pass():
         ws = real(p, tables)
         seen.append(ws.cfg)
         return ws
-    with sweep.configured({"PASS_BLOCK": 1024}), pytest.MonkeyPatch.context() as m:
+    with configured({"PASS_BLOCK": 1024}), pytest.MonkeyPatch.context() as m:
         m.setattr(triton_kernel, "new_workspace", spy)
         sweep._scan(wl.mamba2_inputs(wl.REDUCED_SHAPES[0], 40, DEVICE))
     assert [cfg["PASS_BLOCK"] for cfg in seen] == [1024]
