@@ -6,8 +6,10 @@ On the H200 (2026-12-04) the output kernel took 0.213 of the pass's 0.315 ms at 
 model's figure for it, whose gains for that kernel came out about four times what the GPU gave.
 So its parts are timed on the GPU by taking them out: bench.output_variants makes the variants
 (the kernel with lines of `_chunk_output_program` replaced, standing in for the real one in stage
-5), and "unchanged", a copy that must give the real kernel's bits. The static model times the
-same variants: `python -m bench.static --workload ablation` (bench/README.md).
+5), and "unchanged", a copy that must give the real kernel's bits; two variants build the kernel
+another way, at 128 registers (four programs an SM where it fits three: what that is worth is for
+the GPU to say, the model's latency term credits no overlap between an SM's programs). The static
+model times the same variants: `python -m bench.static --workload ablation` (bench/README.md).
 
 On a GPU (default): at Mamba-2 2.7B (--shapes 3: the three Mamba-2 shapes), 8192 tokens,
 bfloat16, batch 1, each kernel's GPU time per variant (bench.sweep.measure_gpu), and the output
@@ -43,8 +45,9 @@ MODELLED = RESULTS_DIR / "2026-12-05-static-d-fold" / "static.json"
 
 def modelled_ratios(path: Path = MODELLED, serial: bool = False) -> dict[str, float]:
     """Each variant's output kernel time against the real kernel's, modelled at Mamba-2 2.7B and
-    NTOKENS tokens (serial: by the serial estimate, bench.static_calibration): {variant: ratio},
-    "unchanged" 1; {} without the report (the measurement stands alone)."""
+    NTOKENS tokens (serial: by the serial estimate, bench.static_calibration): {variant: ratio} in
+    VARIANTS' order, for those the report models, "unchanged" 1; {} without the report (the
+    measurement stands alone)."""
     if not path.exists():
         return {}
     time = (lambda k: serial_ms([k])) if serial else (lambda k: k["model"]["time_ms"])  # noqa: E731
@@ -54,8 +57,8 @@ def modelled_ratios(path: Path = MODELLED, serial: bool = False) -> dict[str, fl
              if c["shape"] == wl.STANDARD_SHAPES[0].name and c["size"] == NTOKENS
              and (c["workload"] == real_call or c["workload"].startswith("ablation: "))}
     real = times[real_call]
-    return {"unchanged": 1.0, **{w.removeprefix("ablation: "): t / real for w, t in times.items()
-                                 if w.startswith("ablation: ")}}
+    return {name: times[f"ablation: {name}"] / real if name != "unchanged" else 1.0 for name in VARIANTS
+            if name == "unchanged" or f"ablation: {name}" in times}
 
 
 def measure_reduced(rows: list, device: torch.device) -> None:
