@@ -24,6 +24,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 from unittest import mock
 
 KERNEL = "_chunk_output_kernel"
@@ -35,24 +36,21 @@ DIAGONAL_EXP = ('exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], 
 # A part put back: the diagonal block's non-finite handling, which only the fix-up's programs run
 # (stage5_chunk_output), in every program as before the fix-up: the same y on finite inputs.
 NONFINITE = ("        if NONFINITE_X:", "        if True:")
+
+
+class Span(NamedTuple):
+    """An edit's old text given by its ends: the source from `first` (which must occur once) through
+    the next `last`, both included."""
+
+    first: str
+    last: str
+
+
 # The diagonal block as the kernel computes it (with its non-finite handling, which only the fix-up's
 # programs run), and in two column halves of BLOCK_M // 2 source tokens: a half's weights hold half
 # the registers, which lets the kernel fit 128 (LAUNCH), four programs an SM, without spilling. The
 # halves as a loop that Triton pipelines request the second half's tiles while the first computes.
-DIAGONAL = """        causal = o_m[:, None] >= o_m[None, :]
-        b_w = tl.load(p_cb + o_m[None, :]).to(tl.float32) * tl.load(p_dt + o_m)[None, :] \\
-            * exp2_flush(tl.where(causal, b_cs_m[:, None] - b_cs_m[None, :], -float("inf")))
-        if HAS_D and D_PER_HEAD:
-            b_w += tl.where(o_m[:, None] == o_m[None, :], b_D, 0.0)
-        b_x = tl.load(p_x + o_m[:, None] * s_x_t, mask=m_mp, other=0.0)  # [BM, BP]
-        if NONFINITE_X:
-            bad = ~(tl.abs(b_x.to(tl.float32)) < float("inf"))
-            acc += _dot(b_w, tl.where(bad, 0.0, b_x), DOT_DTYPE)
-            first_bad = tl.min(tl.where(bad, o_m[:, None], CHUNK), axis=0)  # [BP]
-            acc = tl.where(o_m[:, None] >= first_bad[None, :], float("nan"), acc)
-        else:
-            acc += _dot(b_w, b_x, DOT_DTYPE)
-"""
+DIAGONAL = Span("        causal = o_m[:, None] >= o_m[None, :]\n", "            acc += _dot(b_w, b_x, DOT_DTYPE)\n")
 HALVES = """        for k_h in {loop}:
             o_h = {first} + tl.arange(0, BLOCK_M // 2)
             b_w = tl.load(p_cb + o_h[None, :]).to(tl.float32) * tl.load(p_dt + o_h)[None, :] \\
@@ -88,7 +86,7 @@ FOUR_AN_SM = {"BLOCK_D": 64, "output": {"maxnreg": 128}}
 LAUNCH: dict[str, dict] = {name: FOUR_AN_SM for name in VARIANTS if "4 programs an SM" in name}
 
 
-def variant_source(edits: list[tuple[str, str]]) -> str:
+def variant_source(edits: list[tuple[str | Span, str]]) -> str:
     """The kernel module's source with `edits` applied inside _chunk_output_program, its relative
     imports made absolute (the copy is loaded from elsewhere)."""
     from ssm_kernels.scan.mamba2_chunked import triton_kernel
@@ -97,6 +95,7 @@ def variant_source(edits: list[tuple[str, str]]) -> str:
     end = source.index("\n@triton.jit", start)
     program = source[start:end]
     for old, new in edits:
+        old = edited_text(program, old)
         if program.count(old) != 1:
             raise ValueError(f"{PROGRAM} holds {program.count(old)} copies of {old!r}, not one")
         program = program.replace(old, new)
@@ -104,6 +103,16 @@ def variant_source(edits: list[tuple[str, str]]) -> str:
     package = triton_kernel.__package__
     return re.sub(r"^from (\.+\w*(?:\.\w+)*) import", lambda m: f"from {importlib.util.resolve_name(m[1], package)} "
                   "import", source, flags=re.M)
+
+
+def edited_text(program: str, old: str | Span) -> str:
+    """The text an edit's `old` names in `program` (a Span's first must occur there once)."""
+    if isinstance(old, str):
+        return old
+    if program.count(old.first) != 1:
+        raise ValueError(f"{PROGRAM} holds {program.count(old.first)} copies of {old.first!r}, not one")
+    start = program.index(old.first)
+    return program[start:program.index(old.last, start) + len(old.last)]
 
 
 # The variant modules' files: named by their source's digest, so that every process (bench.static
