@@ -23,7 +23,8 @@ def test_each_edit_applies_once_inside_the_output_program():
         real_program = real[real.index(f"def {output_variants.PROGRAM}("):]
         for old, new in edits:
             old = output_variants.edited_text(real_program, old)
-            assert new in program and old not in program[:program.index("\n@triton.jit")], name
+            kept = old in new  # an insertion keeps its anchor
+            assert new in program and (kept or old not in program[:program.index("\n@triton.jit")]), name
         assert "from ssm_kernels._triton import" in source and "from .." not in source
     with pytest.raises(ValueError, match="not one"):
         output_variants.variant_source([("acc", "acc")])  # many copies
@@ -34,7 +35,7 @@ def test_the_unchanged_copy_is_bitwise_and_an_ablation_reaches_the_pass(tmp_path
     found = json.loads((tmp_path / "ablate.json").read_text())["rows"]
     rows = {r["variant"]: r["bitwise"] for r in found}
     assert list(rows) == list(ablate.VARIANTS)
-    assert rows["unchanged"]
+    assert all(rows[name] for name in output_variants.SAME_BITS)  # the copy, and the hints (none run here)
     assert not rows["no inter-chunk term (C S0^T: its loads and matmul)"]
     # the handling the fix-up runs changes no bit of a finite pass's y
     assert rows["with the non-finite handling in every block (as before its fix-up)"]
