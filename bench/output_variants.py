@@ -9,9 +9,10 @@ computes a wrong y: only its cost counts. One puts a part back: the non-finite h
 output kernel leaves to its fix-up, as every program ran it before. Two compute the same y to
 rounding another way, at the register cap that fits four programs an SM where the kernel fits
 three (the static model cannot say what that is worth: its latency term credits no overlap between
-an SM's programs). "unchanged" has no edit: a copy of the kernel that must give the real one's
-bits. This module chooses no Triton mode: the kernel module is imported when a variant is first
-made, under the importer's choice.
+an SM's programs), and one adds L2 prefetch hints, which the model does not see. "unchanged" has no
+edit: a copy of the kernel; it and the hints must give the real one's bits (SAME_BITS). This
+module chooses no Triton mode: the kernel module is imported when a variant is first made, under
+the importer's choice.
 """
 from __future__ import annotations
 
