@@ -13,8 +13,9 @@
 #      pass also on its fused pass), then 8 captures spread and 8 at chunk starts and the grid
 #      split, then the 32768-token passes, the crossover and decode at batch 1..256, as far as its
 #      soft budget goes (a hard timeout: SIGTERM, it writes what it measured);
-#   4. python -m bench.ablate (ABLATE_S, default 40): the output kernel with each of its parts taken
-#      out, at Mamba-2 2.7B (where its time goes); then python -m bench.sweep (SWEEP_S, default 50):
+#   4. python -m bench.ablate (ABLATE_S, default 40): the output kernel at four programs an SM, with
+#      L2 prefetch hints, and with each of its parts taken out, at Mamba-2 2.7B (where its time
+#      goes); then python -m bench.sweep (SWEEP_S, default 50):
 #      the chunked Mamba-2 pass's kernels under other launch configurations (warps, stages, tiles),
 #      each against the default;
 #   5. tests: every test file that runs a kernel (python -m bench.gpu_tests: all of tests/ but the
