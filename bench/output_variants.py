@@ -106,8 +106,8 @@ VARIANTS: dict[str, list[tuple[str | Span, str]]] = {
 # The variants that must give the real kernel's bits: the copy, and the hints.
 SAME_BITS = ("unchanged", PREFETCHED_NAME)
 # launch_config changes of a variant (bench.common.merged's): the output kernel at 128 registers, C
-# S0^T in dstate blocks of 64 (as C B^T then: BLOCK_D is both's), whose 128-wide tiles, two
-# pipeline stages of them, took 64 KB of shared memory where four programs an SM leave each 56.
+# S0^T in dstate blocks of 64, whose 128-wide tiles, two pipeline stages of them, took 64 KB of
+# shared memory where four programs an SM leave each 56.
 FOUR_AN_SM = {"BLOCK_D": 64, "output": {"maxnreg": 128}}
 LAUNCH: dict[str, dict] = {HALVES_UNROLLED_NAME: FOUR_AN_SM, HALVES_PIPELINED_NAME: FOUR_AN_SM}
 

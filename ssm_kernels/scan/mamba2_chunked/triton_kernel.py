@@ -672,8 +672,9 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
                        HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PASS_BLOCK: tl.constexpr,
-                       N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, CB_BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                       PASS_BLOCK: tl.constexpr, N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr,
+                       DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
     tickets and so are running or done: no program waits on one that may never start.
@@ -783,7 +784,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 i_mk = r_cb % (NM * NM)
                 _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
                                   C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
-                                  s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
+                                  s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, CB_BLOCK_D, DOT_DTYPE)
                 _raise(p_cb_flags + (g * ngroups + r_cb // (NM * NM)) * NM + i_mk // NM)
     else:  # an empty sequence's final state: its initial state
         r = t - n_partial - (nchunks + 2) * group
@@ -825,7 +826,12 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         BLOCK_P=max(16, min(64, triton.next_power_of_2(headdim))),
         BLOCK_N=min(block_n, 128 if wide else 64),  # dstate block of chunk states and captures
         BLOCK_K=min(chunk_size, 64 if wide else 32),  # source tokens of chunk states and captures
-        BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of C B^T and C S0^T
+        BLOCK_D=min(block_n, 128 if wide else 32),  # dstate block of the output kernel's C S0^T
+        # C B^T's dstate block: at 16 bits two blocks of 64 for dstate 128, pipelined in 32 KB of
+        # shared memory where one block of 128 took 64 KB (two stages of one iteration, which gain
+        # nothing): 79 registers, six programs an SM where there were three (modelled at
+        # Nemotron-H's 8 groups, 8192 tokens: 0.0152 ms against 0.0212, the pass 1.8% less).
+        CB_BLOCK_D=min(block_n, 64 if wide else 32),
         PASS_BLOCK=2048,  # state elements per state-passing program (128 heads of 64 x 128: one wave, modelled)
         WALK_STAGES=3,  # the walk's steps in flight: its loads requested two steps ahead (_walk)
         num_warps=4, num_stages=3 if wide else 2,
@@ -841,8 +847,8 @@ def launch_config(headdim: int, dstate: int, chunk_size: int, dtype: torch.dtype
         # four programs fit an SM: one wave of 128 heads' 4 blocks at 8192 tokens, where three took
         # two (0.033 ms against 0.042 at Granite-4.0-H, modelled; 0.028 against 0.026 at 80 heads).
         walk=dict(num_warps=4, num_stages=3 if wide else 2, maxnreg=128),
-        # C B^T: a program's loop has one or two dstate blocks at 16 bits, which two stages pipeline;
-        # a third would only take shared memory (96 KB, two programs an SM, against 64 KB and three).
+        # C B^T: its loop over CB_BLOCK_D-wide dstate blocks (two at dstate 128 and 16 bits) at two
+        # stages; a third would only take shared memory.
         cb=dict(num_warps=4, num_stages=2),
         # dt' and its cumulative sum, a chunk's tokens a program and no loop: two warps, so that 32
         # programs share an SM where four warps fit 16 (one wave of a (chunk, head) grid, not two, at
@@ -933,7 +939,7 @@ def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     nm = tables.chunk_size // ws.cfg["BLOCK_M"]
     launch(_chunk_cb_kernel, (tables.nchunks * ngroups, nm * (nm + 1) // 2),
         p.B, p.C, tables.chunks, ws.cb, dstate, ngroups, *p.B.stride(), *p.C.stride(),
-        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["BLOCK_D"], **ws.dot, **ws.cfg["cb"])
+        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["CB_BLOCK_D"], **ws.dot, **ws.cfg["cb"])
 
 
 def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -1065,7 +1071,7 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
         *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
         **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], CB_BLOCK_D=cfg["CB_BLOCK_D"],
         EVEN_D=dstate % cfg["BLOCK_D"] == 0, PASS_BLOCK=cfg["PASS_BLOCK"],
         N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
