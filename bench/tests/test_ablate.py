@@ -2,7 +2,6 @@
 real output kernel's bits, a variant reaches the pass, one built another way gives y to rounding
 at its launch configuration, and its GPU bookkeeping (run here under the interpreter, with a
 stand-in timer)."""
-import contextlib
 import json
 
 import pytest
@@ -16,11 +15,11 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton'
 
 
 def test_each_edit_applies_once_inside_the_output_program():
+    real = output_variants.variant_source([])
+    real_program = real[real.index(f"def {output_variants.PROGRAM}("):]
     for name, edits in ablate.VARIANTS.items():
         source = output_variants.variant_source(edits)
         program = source[source.index(f"def {output_variants.PROGRAM}("):]
-        real = output_variants.variant_source([])
-        real_program = real[real.index(f"def {output_variants.PROGRAM}("):]
         for old, new in edits:
             old = output_variants.edited_text(real_program, old)
             kept = old in new  # an insertion keeps its anchor
@@ -55,20 +54,13 @@ def test_a_variant_built_another_way_gives_y_to_rounding_at_its_launch_configura
     assert inp["x"].dtype == torch.bfloat16 and output_variants.LAUNCH
     for name in output_variants.LAUNCH:
         seen.clear()
-        with ablated_pass(name) as kernel:
+        with ablate.ablated(name):
             got = sweep._scan(inp)
+            kernel = triton_kernel._chunk_output_kernel  # what stage 5 launched
         assert kernel.fn.__module__.startswith("ablated_") and kernel.fn.__module__ != "ablated_unchanged"
         assert [(cfg["output"]["maxnreg"], cfg["BLOCK_D"]) for cfg in seen] == [(128, 64)], name
         assert rel_error(got.y, real.y) < 2 ** -8, name  # bfloat16's rounding (its sums may be grouped otherwise)
         assert torch.equal(got.final_states, real.final_states), name  # stages 1 to 4 as they were
-
-
-@contextlib.contextmanager
-def ablated_pass(name):
-    """ablate.ablated(name), yielding the output kernel that stage 5 then launches."""
-    from ssm_kernels.scan.mamba2_chunked import triton_kernel
-    with ablate.ablated(name):
-        yield triton_kernel._chunk_output_kernel
 
 
 def test_the_gpu_measurement_sets_each_variant_beside_the_unchanged_copy():
