@@ -34,7 +34,7 @@ For one kernel launch on an H200:
               bar predicated instructions, which issue either way, unless the SASS jumps over
               them; code a helper inlines there counts 0 where the branch never ran; outside
               loops, code some path through the SASS passes by, in a helper's run-time `if`
-              that never ran at its call site, counts 0 too).
+              that never ran at its call site, counts 0 too, and so does a loop there).
     latency = waves x one program's dependent time: the straight-line code (the path most
               programs take) and each loop iteration replayed in order for one warp as the
               hardware schedules it, by the bits ptxas encodes in each instruction
@@ -560,7 +560,9 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     whose lines were counted (a loop of inlined helpers whose
     call site never ran, see _straight_share, or one in a branch no program took; a binary whose
     lines name another copy of the source, which Triton's cache may hand out, stays uncounted),
-    and for one whose body never ran (_in_unentered_loop)."""
+    for one whose body never ran (_in_unentered_loop), and for one in a helper's run-time branch
+    that never ran at its call site (_in_untaken_branch: _line_count lends its lines the call
+    site's count)."""
     own = _own_instrs(loop)
     counted = sorted(c for c in (_line_count(i, lines) for i in own if i.chain) if c)
     files = _counted_files(lines)
@@ -568,6 +570,9 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
                            for i in own):
         return 0.0, []  # no program reached it
     ran = _ran_suffixes(lines)
+    chained = [i for i in own if i.chain]
+    if lines and chained and all(_in_untaken_branch(i.where, files, ran) for i in chained):
+        return 0.0, []  # in a helper's run-time branch that never ran at its call site
     body = [i for i in own if i.chain and not _on_for_line(i.where)]
     if lines and body and all(_in_unentered_loop(i.where, lines, ran) for i in body):
         return 0.0, []  # its body never ran

@@ -212,6 +212,31 @@ def test_a_loop_whose_body_never_ran_runs_zero_times():
     assert model._straight_share(instrs[1], {**ran, key(20, 40): 8.0}, programs=8) == 1.0
 
 
+def test_a_loop_in_a_helper_s_untaken_branch_runs_zero_times():
+    """sum_if_positive's loop, in a branch decided at run time (`if flag > 0`), inlined at a call
+    site every program ran, the branch never taken: the interpreter counts the call site and the
+    test, no line of the loop, and a loop line's count falls back to the call site's
+    (_line_count); the loop still runs 0 times. With the branch taken, its own lines' median."""
+    import toy_kernels
+    from triton_static.sass import Loop
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.sum_if_positive.fn)
+    test, head, body = (header + next(i for i, text in enumerate(lines) if text.strip().startswith(start))
+                        for start in ("if flag", "for i", "total +="))
+    call = inspect.getsourcelines(toy_kernels.row_sum)[1] + 1  # any line of the file stands for the call site
+    instrs = [Instr(16 * k, "", "IADD3", ["R1", "R1", "0x1", "RZ"], ((path, line), (path, call)))
+              for k, line in enumerate((head, body, body))]
+    loop = Loop(start=0, end=32, instrs=instrs)
+
+    def key(*chain):
+        return "<".join(source_key(path, line) for line in chain)
+    untaken = {key(call): 8.0, key(test, call): 8.0}
+    assert model._line_count(instrs[1], untaken) == 8.0  # the call site's count
+    assert model._executions(loop, untaken)[0] == 0.0
+    taken = {**untaken, key(head, call): 4.0, key(body, call): 32.0}
+    assert model._executions(loop, taken)[0] == 32.0
+
+
 def test_code_after_a_skipped_loop_placed_in_its_range_does_not_lend_it_its_count():
     """The row sum's loop (toy_kernels: `for` on line 19, body 20-21, inlined at line 40) never
     entered, with two instructions of the store after it (line 22, run by every program) that the

@@ -70,3 +70,12 @@ def clamp_low_scaled(x, low, k, SCALE: tl.constexpr):
         if SCALE:
             x = x * k
     return x
+
+
+@triton.jit
+def sum_if_positive(x_ptr, n, flag):
+    total = 0.0
+    if flag > 0:
+        for i in range(n):
+            total += tl.load(x_ptr + i)
+    return total
