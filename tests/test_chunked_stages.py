@@ -227,13 +227,13 @@ def test_stages_2_to_5_fused(case, dtype, device):
     tables = run.tables
     counts = tk.fused_counts(ws.cfg, headdim, dstate, CHUNK)
     ninner, nempty, nm = tables.inner.shape[0], tables.nrows - tables.nchunks, CHUNK // ws.cfg["BLOCK_M"]
-    per_chunk = nheads * (counts.n_pn + counts.n_pass + counts.n_mp) + ngroups * nm * nm
-    programs = nheads * (ninner * counts.n_pn + nempty * counts.n_pass) + (tables.nchunks + 2) * per_chunk
+    per_chunk = nheads * (counts.n_pn + counts.n_mp) + ngroups * nm * nm
+    programs = nheads * (ninner * counts.n_pn + nempty * counts.n_pass) + (tables.nchunks + 1) * per_chunk
     assert ws.counters.tolist() == [1, programs], "(generation, tickets taken)"
-    # Each flag raised once by each of its producers: chunk states and walks per (chunk, head),
-    # partials per (inner capture, head), C B^T per row of a (chunk, group)'s blocks.
-    raised = [(tables.nchunks * nheads, counts.n_pn), (tables.nchunks * nheads, counts.n_pass),
-              (ninner * nheads, counts.n_pn), (tables.nchunks * ngroups * nm, nm)]
+    # Each flag raised once by each of its producers: chunk programs per (chunk, head), partials
+    # per (inner capture, head), C B^T per row of a (chunk, group)'s blocks.
+    raised = [(tables.nchunks * nheads, counts.n_pn), (ninner * nheads, counts.n_pn),
+              (tables.nchunks * ngroups * nm, nm)]
     want = torch.cat([torch.full((n,), producers, dtype=torch.int32) for n, producers in raised])
     assert torch.equal(ws.flags.cpu(), want), "a flag that its producers did not all raise"
 

@@ -48,8 +48,9 @@ out (chunk or capture, head or group, ...):
 
 The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 2 to 5 in one launch
 (_fused_pass_kernel, stage2to5_fused) with the same program functions as their kernels: its
-programs take tickets in chunk order and wait on one another's flags, the walk a chunk at a time
-(docs/chunked.md, "The fused pass").
+programs take tickets in chunk order and wait on one another's flags; a chunk program computes a
+block of its chunk's own contribution and then walks the chunk on that block, from the state the
+chunk before left (docs/chunked.md, "The fused pass").
 
 The capture work writes only its own buffers, and the walk's extra steps for a chunk's further
 captures leave its state as it is, so captures cannot change a bit of y or of the final states;
@@ -363,10 +364,10 @@ def _walk_block(i_blk, headdim, dstate, BLOCK: tl.constexpr):
 
 @triton.jit
 def _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
-                   HAS_INITIAL_STATE: tl.constexpr, BLOCK: tl.constexpr):
-    """A sequence's initial state (row i_in of state_in, an engine's slot), float32: zeros where it
-    starts fresh (not `starts`) or none is given."""
-    state = tl.zeros([BLOCK], dtype=tl.float32)
+                   HAS_INITIAL_STATE: tl.constexpr):
+    """A sequence's initial state (row i_in of state_in, an engine's slot) on the block of mask m,
+    float32: zeros where it starts fresh (not `starts`) or none is given."""
+    state = tl.zeros(m.shape, dtype=tl.float32)
     if HAS_INITIAL_STATE:
         p_in = state_in_ptr + i_in * s_in_s + i_h * s_in_h + o_p * s_in_p + o_n * s_in_n
         state = tl.load(p_in, mask=tl.where(starts, m, False), other=0.0).to(tl.float32)
@@ -421,12 +422,19 @@ def _walk_chunks(state, c_begin, c_end, i_h, o, m, states_ptr, decay_ptr, start_
     or inside one (ChunkTables.plain_walk): no step table to read, the same operations as _walk's
     steps (a step reading its row took a third of the walk's instructions)."""
     for c in tl.range(c_begin, c_end, num_stages=WALK_STAGES):
-        o_ch = (c * nheads + i_h) * size
-        b_own = tl.load(states_ptr + o_ch + o, mask=m, other=0.0).to(tl.float32)
-        b_decay = tl.load(decay_ptr + c * nheads + i_h)
-        tl.store(start_ptr + o_ch + o, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
-        state = tl.fma(b_decay, state, b_own)
+        state = _plain_step(state, c, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size)
     return state
+
+
+@triton.jit
+def _plain_step(state, c, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size):
+    """Chunk c's step of _walk_chunks: stores `state` as the chunk's start state and returns its end
+    state, with _walk's fused multiply-add."""
+    o_ch = (c * nheads + i_h) * size
+    b_own = tl.load(states_ptr + o_ch + o, mask=m, other=0.0).to(tl.float32)
+    b_decay = tl.load(decay_ptr + c * nheads + i_h)
+    tl.store(start_ptr + o_ch + o, cast_for_store(state, start_ptr.dtype.element_ty), mask=m)
+    return tl.fma(b_decay, state, b_own)
 
 
 @triton.jit
@@ -457,7 +465,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
     if live:
         o, m, o_p, o_n = _walk_block(tl.program_id(2), headdim, dstate, BLOCK)
         state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
-                               HAS_INITIAL_STATE, BLOCK)
+                               HAS_INITIAL_STATE)
         t_begin, t_end = tl.load(seq_steps_ptr + i_s), tl.load(seq_steps_ptr + i_s + 1)
         # A runtime branch, not a second binary: a pass with captures runs the same kernel. The
         # capture pointers are made where they are used, not held through the plain walk.
@@ -658,11 +666,68 @@ def _raise(flag_ptr):
     tl.atomic_add(flag_ptr, 1, sem="release")
 
 
-@triton.jit(do_not_specialize=["nchunks", "ninner"])
+@triton.jit
+def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr,
+                end_bounds_ptr, end_entries_ptr, capture_rows_ptr, partial_ptr, start_ptr, state_in_ptr, slot_in_ptr,
+                has_initial_ptr, state_out_ptr, captured_ptr, counters_ptr, flags_ptr, p_partial_flags, skip_slot,
+                plain_walk, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
+                s_cap_r, s_cap_h, s_cap_p, s_cap_n,
+                HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
+                HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, WALK_ROWS: tl.constexpr,
+                N_PN: tl.constexpr):
+    """The fused pass's walk of chunk g on head i_h's P x N block (rows from i_p, columns o_n), after
+    its program stored the chunk's own contribution in g's `states` row: from its sequence's initial
+    state or the end state the chunk before left in its own row, the chunk's steps of
+    ChunkTables.steps as stage 4 runs them (start state, captures, final state), and the end state
+    into g's row (over the contribution, which only this walk reads). WALK_ROWS rows at a time: the
+    walk's tiles are stage 4's size, whatever the contribution's tile."""
+    size = headdim * dstate
+    i_c = g.to(tl.int64)
+    p_row = chunks_ptr + i_c * CHUNK_COLUMNS
+    i_s, index, last = tl.load(p_row + 3), tl.load(p_row + 4), tl.load(p_row + 5)
+    i_in, _, live, starts, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
+                                         HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
+    t_begin = tl.load(chunk_steps_ptr + i_c)
+    t_end = tl.load(chunk_steps_ptr + i_c + 1)
+    # What the walk reads besides its own contribution: its inner captures' partials (a plain walk
+    # has none) and the state before the chunk (its sequence's initial state, or the previous
+    # chunk's end).
+    if plain_walk == 0:
+        for step in range(t_begin, t_end):
+            i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
+            if i_r >= 0:
+                _wait(p_partial_flags + i_r * nheads + i_h, N_PN, counters_ptr)
+    if index != 0:
+        _wait(flags_ptr + (g - 1) * nheads + i_h, N_PN, counters_ptr)
+    for r0 in range(0, BLOCK_P, WALK_ROWS):
+        o_p = (i_p + r0 + tl.arange(0, WALK_ROWS))[:, None]
+        o = o_p * dstate + o_n[None, :]
+        m = (o_p < headdim) & m_n[None, :]
+        if index == 0:
+            state = _initial_state(i_in, starts, i_h, o_p, o_n[None, :], m, state_in_ptr, s_in_s, s_in_h, s_in_p,
+                                   s_in_n, HAS_INITIAL_STATE)
+        else:
+            state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
+        if live:
+            p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n[None, :] * s_cap_n
+            if plain_walk != 0:  # one step, the chunk's own: no step table to read (as _state_passing_kernel)
+                state = _plain_step(state, i_c, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size)
+            else:
+                state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
+                              steps_ptr, capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size,
+                              HAS_SKIP, CHUNK, 1)
+            if last != 0:
+                _final_state(state, i_s, i_in, i_h, o_p, o_n[None, :], m, p_cap, s_cap_r, state_out_ptr, s_out_s,
+                             s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
+                             skip_slot, HAS_SKIP)
+        tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
+
+
+@triton.jit(do_not_specialize=["nchunks", "ninner", "plain_walk"])
 def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, decay_ptr, cb_ptr, states_ptr,
                        partial_ptr, start_ptr, chunks_ptr, inner_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr,
                        end_entries_ptr, capture_rows_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr,
-                       captured_ptr, counters_ptr, flags_ptr, nchunks, ninner, skip_slot,
+                       captured_ptr, counters_ptr, flags_ptr, nchunks, ninner, skip_slot, plain_walk,
                        headdim, dstate, nheads, heads_per_group, n_nblocks, n_pblocks,
                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
                        s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
@@ -673,105 +738,73 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, CB_BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                       PASS_BLOCK: tl.constexpr, N_PN: tl.constexpr, N_PASS: tl.constexpr, N_MP: tl.constexpr,
-                       DOT_DTYPE: tl.constexpr):
+                       PASS_BLOCK: tl.constexpr, WALK_ROWS: tl.constexpr, N_PN: tl.constexpr, N_PASS: tl.constexpr,
+                       N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
     tickets and so are running or done: no program waits on one that may never start.
 
     Tickets: first the inner captures' partials (stage 3's rows past the chunks); then groups of
-    (nheads x N_PN) chunk-state, (nheads x N_PASS) walk, (nheads x N_MP) output and (ngroups x NM
-    x NM) C B^T programs, group g holding chunk g's chunk states and C B^T, chunk g-1's walk and
-    chunk g-2's output, so that what a program waits on was mostly done a group before; last, the
-    final states of the empty sequences. The walk of a chunk takes the state its sequence's
-    previous chunk left in that chunk's `states` row (its own contribution, which only the walk of
-    that chunk reads, is spent by then), runs the chunk's steps of ChunkTables.steps as stage 4
-    runs them, and leaves its end state in its own row. Flags count their producers: each producer
-    raises its flag by one once a pass, so that a flag holds generation (counters_ptr[0], which
-    stage 1 advanced) x its producers once they are all done, and a program waits on a flag with
-    one poll whatever the number of its producers."""
+    (nheads x N_PN) chunk, (nheads x N_MP) output and (ngroups x NM x NM) C B^T programs, group g
+    holding chunk g's chunk programs and C B^T and chunk g-1's output, so that what a program
+    waits on was mostly done a group before; last, the final states of the empty sequences (N_PASS
+    blocks of PASS_BLOCK elements a head). A chunk program computes a P x N block of its chunk's
+    own contribution (stage 3), then walks the chunk on that block (_chunk_walk): the contribution
+    goes to the walk through L2, not through a launch of its own. Flags count their producers:
+    each producer raises its flag by one once a pass, so that a flag holds generation
+    (counters_ptr[0], which stage 1 advanced) x its producers once they are all done, and a
+    program waits on a flag with one poll whatever the number of its producers."""
     t = tl.atomic_add(counters_ptr + 1, 1, sem="relaxed")  # orders work, publishes nothing: relaxed
-    size = headdim * dstate
     NM: tl.constexpr = CHUNK // BLOCK_M  # C B^T blocks of a chunk along each side
     ngroups = nheads // heads_per_group
-    n_state = nheads * N_PN
-    n_walk = nheads * N_PASS
+    n_chunk = nheads * N_PN
     n_out = nheads * N_MP
     n_cb = ngroups * NM * NM
-    group = n_state + n_walk + n_out + n_cb
-    n_partial = ninner * n_state
-    # Flags: (nchunks, nheads) chunk states (N_PN producers each), (nchunks, nheads) walks
-    # (N_PASS), (ninner, nheads) partials (N_PN), (nchunks, ngroups, NM) rows of C B^T blocks (NM,
-    # those above the diagonal included). Tickets and flags' indices fit int32; state offsets
-    # are int64.
-    p_walk_flags = flags_ptr + nchunks * nheads
-    p_partial_flags = p_walk_flags + nchunks * nheads
+    group = n_chunk + n_out + n_cb
+    n_partial = ninner * n_chunk
+    # Flags: (nchunks, nheads) chunks (N_PN producers each: their walks' end and start states),
+    # (ninner, nheads) partials (N_PN), (nchunks, ngroups, NM) rows of C B^T blocks (NM, those above
+    # the diagonal included). Tickets and flags' indices fit int32; state offsets are int64.
+    p_partial_flags = flags_ptr + nchunks * nheads
     p_cb_flags = p_partial_flags + ninner * nheads
-    if t < n_partial:  # the partial of inner capture t // n_state: stage 3's row past the chunks
-        i_row = (nchunks + t // n_state).to(tl.int64)
+    if t < n_partial:  # the partial of inner capture t // n_chunk: stage 3's row past the chunks
+        i_row = (nchunks + t // n_chunk).to(tl.int64)
         i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
-        _chunk_state_program(i_row, ((t % n_state) // N_PN).to(tl.int64), t % N_PN, i_c, i_b, t0, n_tok,
+        _chunk_state_program(i_row, ((t % n_chunk) // N_PN).to(tl.int64), t % N_PN, i_c, i_b, t0, n_tok,
                              x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr,
                              partial_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h,
                              s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
         _raise(p_partial_flags + t // N_PN)
-    elif t < n_partial + (nchunks + 2) * group:
+    elif t < n_partial + (nchunks + 1) * group:
         g = (t - n_partial) // group
         r = (t - n_partial) % group
-        if r < n_state:
-            if g < nchunks:  # chunk g's own contribution to its end state
+        if r < n_chunk:
+            if g < nchunks:  # chunk g on a P x N block of head r // N_PN: its own contribution, then its walk
+                i_h = (r // N_PN).to(tl.int64)
                 i_c, i_b, t0, n_tok = _state_row_span(g.to(tl.int64), nchunks, chunks_ptr, inner_ptr)
-                _chunk_state_program(g.to(tl.int64), (r // N_PN).to(tl.int64), r % N_PN, i_c, i_b, t0, n_tok, x_ptr,
+                _chunk_state_program(i_c, i_h, r % N_PN, i_c, i_b, t0, n_tok, x_ptr,
                                      B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr, partial_ptr,
                                      headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
-                _raise(flags_ptr + g * nheads + r // N_PN)
-        elif r < n_state + n_walk:
-            if (g >= 1) & (g <= nchunks):  # chunk g-1's walk, a block of its state
-                i_blk = (r - n_state) % N_PASS
-                f_c = (g - 1) * nheads + (r - n_state) // N_PASS  # its (chunk, head), as flags index it
-                i_c = (g - 1).to(tl.int64)
-                i_h = ((r - n_state) // N_PASS).to(tl.int64)
-                o, m, o_p, o_n = _walk_block(i_blk, headdim, dstate, PASS_BLOCK)
-                p_row = chunks_ptr + i_c * CHUNK_COLUMNS
-                i_s, index, last = tl.load(p_row + 3), tl.load(p_row + 4), tl.load(p_row + 5)
-                i_in, _, live, starts, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
-                                                     HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
-                p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
-                t_begin = tl.load(chunk_steps_ptr + i_c)
-                t_end = tl.load(chunk_steps_ptr + i_c + 1)
-                # What the walk reads: the chunk's own contribution, its inner captures' partials
-                # and the state before it (its sequence's initial state, or the previous chunk's end).
+                tl.debug_barrier()  # the contribution, stored in the matmul's layout, read back in the walk's
+                o_n = (r % N_PN % n_nblocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+                _chunk_walk(g, i_h, (r % N_PN // n_nblocks) * BLOCK_P, o_n, o_n < dstate, states_ptr, decay_ptr,
+                            cs_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr, end_entries_ptr,
+                            capture_rows_ptr, partial_ptr, start_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr,
+                            state_out_ptr, captured_ptr, counters_ptr, flags_ptr, p_partial_flags, skip_slot,
+                            plain_walk, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h,
+                            s_out_p, s_out_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n, HAS_INITIAL_STATE, HAS_SLOT_IN,
+                            HAS_INITIAL_FLAGS, HAS_SKIP, CHUNK, BLOCK_P, WALK_ROWS, N_PN)
+                _raise(flags_ptr + g * nheads + i_h)
+        elif r < n_chunk + n_out:
+            if g >= 1:  # chunk g-1's y, an M x P block of a head, once its start state and C B^T are written
+                f_c = (g - 1) * nheads + (r - n_chunk) // N_MP
+                i_m = (r - n_chunk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
                 _wait(flags_ptr + f_c, N_PN, counters_ptr)
-                for step in range(t_begin, t_end):
-                    i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
-                    if i_r >= 0:
-                        _wait(p_partial_flags + i_r * nheads + i_h, N_PN, counters_ptr)
-                if index == 0:
-                    state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p,
-                                           s_in_n, HAS_INITIAL_STATE, PASS_BLOCK)
-                else:
-                    _wait(p_walk_flags + f_c - nheads, N_PASS, counters_ptr)
-                    state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
-                if live:
-                    state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
-                                  steps_ptr, capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size,
-                                  HAS_SKIP, CHUNK, 1)
-                    if last != 0:
-                        _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s,
-                                     s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
-                                     skip_slot, HAS_SKIP)
-                tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
-                _raise(p_walk_flags + f_c)
-        elif r < n_state + n_walk + n_out:
-            if g >= 2:  # chunk g-2's y, an M x P block of a head, once its start state and C B^T are written
-                f_c = (g - 2) * nheads + (r - n_state - n_walk) // N_MP
-                i_m = (r - n_state - n_walk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
-                _wait(p_walk_flags + f_c, N_PASS, counters_ptr)
-                _wait(p_cb_flags + ((g - 2) * ngroups + f_c % nheads // heads_per_group) * NM + i_m, NM, counters_ptr)
-                i_c = (g - 2).to(tl.int64)
+                _wait(p_cb_flags + ((g - 1) * ngroups + f_c % nheads // heads_per_group) * NM + i_m, NM, counters_ptr)
+                i_c = (g - 1).to(tl.int64)
                 i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
-                _chunk_output_program(i_c, ((r - n_state - n_walk) // N_MP).to(tl.int64), (r - n_state - n_walk) % N_MP,
+                _chunk_output_program(i_c, ((r - n_chunk) // N_MP).to(tl.int64), (r - n_chunk) % N_MP,
                                       i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr,
                                       start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
                                       n_pblocks, s_x_b, s_x_t, s_x_h, s_x_p, s_C_b, s_C_t, s_C_g, s_C_n, s_D_h, s_D_p,
@@ -780,14 +813,15 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                       BLOCK_D, EVEN_D, DOT_DTYPE, True)
         else:
             if g < nchunks:  # chunk g's C B^T, a block of a group's
-                r_cb = r - n_state - n_walk - n_out
+                r_cb = r - n_chunk - n_out
                 i_mk = r_cb % (NM * NM)
                 _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
                                   C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
                                   s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, CB_BLOCK_D, DOT_DTYPE)
                 _raise(p_cb_flags + (g * ngroups + r_cb // (NM * NM)) * NM + i_mk // NM)
     else:  # an empty sequence's final state: its initial state
-        r = t - n_partial - (nchunks + 2) * group
+        r = t - n_partial - (nchunks + 1) * group
+        n_walk = nheads * N_PASS
         i_row = (nchunks + r // n_walk).to(tl.int64)  # its row of ChunkTables.chunks
         i_h = ((r % n_walk) // N_PASS).to(tl.int64)
         o, m, o_p, o_n = _walk_block(r % N_PASS, headdim, dstate, PASS_BLOCK)
@@ -797,7 +831,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
         if live:
             p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
             state = _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h, s_in_p, s_in_n,
-                                   HAS_INITIAL_STATE, PASS_BLOCK)
+                                   HAS_INITIAL_STATE)
             _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h,
                          s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
 
@@ -1025,20 +1059,20 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
 class FusedCounts(NamedTuple):
     """Programs of the fused pass (_fused_pass_kernel) for a chunk: per head, and per group."""
 
-    n_pn: int  # chunk-state (and partial) programs of a head: P x N blocks
-    n_pass: int  # walk programs of a head: PASS_BLOCK blocks of its state
+    n_pn: int  # chunk (and partial) programs of a head: P x N blocks
+    n_pass: int  # programs of a head for an empty sequence's final state: PASS_BLOCK blocks of its state
     n_mp: int  # output programs of a head: M x P blocks
     nm: int  # C B^T blocks along each side of a chunk: nm^2 programs a group, those above the diagonal idle
 
     def programs(self, nheads: int, ngroups: int, nchunks: int, ninner: int, nempty: int) -> int:
         """Tickets of a pass (the kernel's docstring orders them)."""
-        per_chunk = nheads * (self.n_pn + self.n_pass + self.n_mp) + ngroups * self.nm * self.nm
-        return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 2) * per_chunk
+        per_chunk = nheads * (self.n_pn + self.n_mp) + ngroups * self.nm * self.nm
+        return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 1) * per_chunk
 
     def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
-        """Flags of a pass: one per (chunk, head) for its chunk states and one for its walk, one per
-        (inner capture, head) for its partials, one per row of a (chunk, group)'s C B^T blocks."""
-        return nheads * (2 * nchunks + ninner) + nchunks * ngroups * self.nm
+        """Flags of a pass: one per (chunk, head) for its chunk programs, one per (inner capture,
+        head) for its partials, one per row of a (chunk, group)'s C B^T blocks."""
+        return nheads * (nchunks + ninner) + nchunks * ngroups * self.nm
 
 
 def fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> FusedCounts:
@@ -1066,13 +1100,14 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         tables.chunk_steps, tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
         ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in), ptr_or(p.has_initial, stand_in), out,
         ptr_or(captured, out), ws.counters, ws.flags, nchunks, ninner,
-        0 if p.skip_slot is None else p.skip_slot, headdim, dstate, nheads, nheads // ngroups,
+        0 if p.skip_slot is None else p.skip_slot, int(tables.plain_walk), headdim, dstate, nheads, nheads // ngroups,
         triton.cdiv(dstate, cfg["BLOCK_N"]), triton.cdiv(headdim, cfg["BLOCK_P"]),
         *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
         *p.y.stride(), *strides_or_zeros(p.state_in, 4), *out.stride(), *captured.stride(),
         **flags_for(_fused_pass_kernel, p), CHUNK=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_P=cfg["BLOCK_P"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], CB_BLOCK_D=cfg["CB_BLOCK_D"],
         EVEN_D=dstate % cfg["BLOCK_D"] == 0, PASS_BLOCK=cfg["PASS_BLOCK"],
+        WALK_ROWS=min(cfg["BLOCK_P"], max(1, cfg["PASS_BLOCK"] // cfg["BLOCK_N"])),
         N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
 
