@@ -84,8 +84,8 @@ def test_a_bad_setting_is_refused():
     assert run.returncode != 0 and "SSM_KERNELS_FUSED_SSD must be 0 or 1, got 'yes'" in run.stderr
 
 
-# Dims with several chunk-state programs (two P blocks) and several walk blocks (80 x 32 state
-# elements: two of 2048) a head.
+# Dims with several chunk programs a head (two P blocks) and, in the five stages, several walk
+# blocks a head (80 x 32 state elements: two of 2048).
 DIMS = {"small": dict(nheads=4, headdim=16, ngroups=2, dstate=16),
         "two_blocks": dict(nheads=2, headdim=80, ngroups=1, dstate=32)}
 
