@@ -198,6 +198,9 @@ WORKLOADS = {w.name: w for w in (
     Workload("mamba2_scan chunked, fused", "prefill", "mamba2", _scan("chunked", False, fused=True),
              "mamba_chunk_scan_combined", "mamba2_scan chunked on the fused pass (two launches; "
              "SSM_KERNELS_FUSED_SSD=1)", chunked=True, mixed=True),
+    Workload("mamba2_scan chunked, fused + 8 captures", "prefill", "mamba2", _scan("chunked", True, fused=True),
+             "mamba_chunk_scan_combined", "the same with 8 captures (the peer cannot capture)", captures=8,
+             chunked=True, mixed=True),
     Workload("selective_state_update", "decode", "mamba2", _state_update, "selective_state_update",
              "one decode token per row, state pool of batch slots"),
     Workload("mamba1_scan recurrent", "prefill", "mamba1", _mamba1("recurrent"), "selective_scan_fn",
@@ -350,23 +353,25 @@ def run_call(workload: str, shape, size: int, *, peer: bool = False, fill: str =
 # different chunks, as at the real sizes, so everything a capture costs is constant from there on.
 # A mixed kernel's programs all run through the interpreter (some 90 ms each on these machines,
 # 7000 programs at Mamba-2 2.7B and 8 chunks), so a call without captures that launches one is
-# counted at 2 and 4 chunks: its programs grow by a group per chunk from the second chunk on.
+# counted at 2 and 4 chunks: its programs grow by a group per chunk from the second chunk on; with
+# captures at 8 and 9 chunks: the 8 captures fall in chunks 0 to 7 at both, so the ninth chunk is
+# one without a capture, as are all but 8 at the real sizes.
 CHUNKED_COUNT_TOKENS = (8 * CHUNK, 16 * CHUNK)
 MIXED_COUNT_TOKENS = (2 * CHUNK, 4 * CHUNK)
+MIXED_CAPTURE_COUNT_TOKENS = (8 * CHUNK, 9 * CHUNK)
 
 
 def count_sizes(workload: Workload, peer: bool = False) -> list[int]:
     """Sizes the interpreter counts this call at (bench.counts): batch 2 and 4 for a decode step
     (its grid grows with the batch, its programs do not); CHUNKED_COUNT_TOKENS for a chunked
     prefill (its grid is sampled, so the larger sizes cost little), MIXED_COUNT_TOKENS where it
-    launches a mixed kernel; 64 and 128 tokens for the others (their per-token work does not
+    launches a mixed kernel (MIXED_CAPTURE_COUNT_TOKENS with captures); 64 and 128 tokens for the others (their per-token work does not
     depend on where a token is: the recurrent scan, whose captures only split its token loop, and
     the conv, whose 32-token tiles stay full)."""
     if workload.kind == "decode":
         return [2, 4]
     if workload.mixed and not peer:
-        assert not workload.captures, "a call with captures is counted at 8 chunks and more"
-        return list(MIXED_COUNT_TOKENS)
+        return list(MIXED_CAPTURE_COUNT_TOKENS if workload.captures else MIXED_COUNT_TOKENS)
     return list(CHUNKED_COUNT_TOKENS) if workload.chunked or peer else [64, 128]
 
 
