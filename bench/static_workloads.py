@@ -365,9 +365,9 @@ def count_sizes(workload: Workload, peer: bool = False) -> list[int]:
     """Sizes the interpreter counts this call at (bench.counts): batch 2 and 4 for a decode step
     (its grid grows with the batch, its programs do not); CHUNKED_COUNT_TOKENS for a chunked
     prefill (its grid is sampled, so the larger sizes cost little), MIXED_COUNT_TOKENS where it
-    launches a mixed kernel (MIXED_CAPTURE_COUNT_TOKENS with captures); 64 and 128 tokens for the others (their per-token work does not
-    depend on where a token is: the recurrent scan, whose captures only split its token loop, and
-    the conv, whose 32-token tiles stay full)."""
+    launches a mixed kernel (MIXED_CAPTURE_COUNT_TOKENS with captures); 64 and 128 tokens for the
+    others (their per-token work does not depend on where a token is: the recurrent scan, whose
+    captures only split its token loop, and the conv, whose 32-token tiles stay full)."""
     if workload.kind == "decode":
         return [2, 4]
     if workload.mixed and not peer:

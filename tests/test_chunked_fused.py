@@ -43,6 +43,25 @@ def test_mamba2_chunked_prefill_on_an_engines_cache(device):
         torch.set_default_device(None)  # no default-device mode left behind
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_captures_into_a_cache_of_the_inputs_16_bit_dtype(dtype, device):
+    """A 16-bit pass into a cache of its own dtype (a float16 pass multiplies in bfloat16): the
+    fused pass makes its inner captures from partials it never stores, rounded as the five stages
+    store theirs, and its cache and y hold the five stages' bits (captures into the skip slot
+    declined, an inner capture in a sequence's first chunk, whose slot the final state overwrites)."""
+    kw, cache = test_cache_ops_chunked._mamba2_case(dtype)
+    kw = {k: v.to(device=device, dtype=dtype if k in ("x", "B", "C", "z") else v.dtype) for k, v in kw.items()}
+    results = []
+    for fused in (True, False):
+        with tk.fused_pass(fused):
+            out, slots = torch.zeros_like(kw["x"][0]), cache.to(device, copy=True)
+            test_cache_ops_chunked._mamba2_prefill(test_cache_ops_chunked._batch(), kw, slots, out, backend="triton",
+                                                   algorithm="chunked", chunk_size=test_cache_ops_chunked.CHUNK)
+            results.append((out, slots))
+    for what, fused, five in zip(("y", "cache"), *results):
+        _same(fused, five, what)
+
+
 def _same(fused, five, what):
     """Bit for bit under the interpreter; to rounding on a GPU."""
     if fused.device.type == "cpu":
