@@ -680,9 +680,9 @@ def _raise(flag_ptr):
 
 @triton.jit
 def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr,
-                end_bounds_ptr, end_entries_ptr, capture_rows_ptr, start_ptr, first_states_ptr, state_in_ptr,
-                slot_in_ptr, has_initial_ptr, state_out_ptr, captured_ptr, counters_ptr, flags_ptr, skip_slot,
-                plain_walk, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
+                end_bounds_ptr, end_entries_ptr, capture_rows_ptr, start_ptr, state_in_ptr, slot_in_ptr,
+                has_initial_ptr, state_out_ptr, captured_ptr, counters_ptr, flags_ptr, skip_slot, plain_walk, headdim,
+                dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                 s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                 HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
                 HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, WALK_ROWS: tl.constexpr,
@@ -693,9 +693,7 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
     ChunkTables.steps as stage 4 runs them (start state, start and end captures, final state; the
     inner captures come after, _chunk_inner_captures), and the end state into g's row (over the
     contribution, which only this walk reads). WALK_ROWS rows at a time: the walk's tiles are stage
-    4's size, whatever the contribution's tile. In a sequence's first chunk it keeps the initial
-    state in `first_states` for the chunk's inner captures: the walk of the sequence's last chunk
-    may write the final state over it in place (an engine's cache) before they read it."""
+    4's size, whatever the contribution's tile."""
     size = headdim * dstate
     i_c = g.to(tl.int64)
     p_row = chunks_ptr + i_c * CHUNK_COLUMNS
@@ -718,11 +716,6 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
             state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
         if live:
             p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n[None, :] * s_cap_n
-            if (plain_walk == 0) & (index == 0):
-                for step in range(t_begin, t_end):
-                    i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
-                    if i_r >= 0:
-                        tl.store(first_states_ptr + (i_r * nheads + i_h) * size + o, state, mask=m)
             if plain_walk != 0:  # one step, the chunk's own: no step table to read (as _state_passing_kernel)
                 state = _plain_step(state, i_c, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size)
             else:
@@ -737,19 +730,48 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
 
 
 @triton.jit
+def _keep_first_states(g, i_h, i_p, o_n, m_n, chunks_ptr, steps_ptr, chunk_steps_ptr, first_states_ptr, state_in_ptr,
+                       slot_in_ptr, has_initial_ptr, skip_slot, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p,
+                       s_in_n, HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
+                       HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, BLOCK_P: tl.constexpr,
+                       WALK_ROWS: tl.constexpr):
+    """Where chunk g is its sequence's first, the sequence's initial state on head i_h's P x N block
+    (rows from i_p, columns o_n) into `first_states`, a row for each of the chunk's inner captures,
+    before the chunk's walk: the walk of the sequence's last chunk may write the final state over
+    the initial one in place (an engine's cache) before _chunk_inner_captures reads it. Apart from
+    the walk, whose loop held it at the cost of spilled registers."""
+    i_c = g.to(tl.int64)
+    p_row = chunks_ptr + i_c * CHUNK_COLUMNS
+    if tl.load(p_row + 4) == 0:
+        i_in, _, live, starts, _ = row_slots(tl.load(p_row + 3), 0, slot_in_ptr, slot_in_ptr, has_initial_ptr,
+                                             skip_slot, HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
+        if live:
+            for step in range(tl.load(chunk_steps_ptr + i_c), tl.load(chunk_steps_ptr + i_c + 1)):
+                i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
+                if i_r >= 0:
+                    for r0 in range(0, BLOCK_P, WALK_ROWS):
+                        o_p = (i_p + r0 + tl.arange(0, WALK_ROWS))[:, None]
+                        o = o_p * dstate + o_n[None, :]
+                        m = (o_p < headdim) & m_n[None, :]
+                        state = _initial_state(i_in, starts, i_h, o_p, o_n[None, :], m, state_in_ptr, s_in_s, s_in_h,
+                                               s_in_p, s_in_n, HAS_INITIAL_STATE)
+                        tl.store(first_states_ptr + (i_r * nheads + i_h) * headdim * dstate + o, state, mask=m)
+
+
+@triton.jit
 def _chunk_inner_captures(g, i_h, i_p, o_n, m_n, x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, first_states_ptr,
                           chunks_ptr, steps_ptr, chunk_steps_ptr, capture_rows_ptr, slot_in_ptr, captured_ptr,
                           skip_slot, headdim, dstate, nheads, heads_per_group, s_x_b, s_x_t, s_x_h, s_x_p,
                           s_B_b, s_B_t, s_B_g, s_B_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                           HAS_SLOT_IN: tl.constexpr, HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr,
                           BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          WALK_ROWS: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                          ROWS: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """The fused pass's inner captures of chunk g on head i_h's P x N block (rows from i_p, columns
     o_n), once its walk is done (off the chain of walks: the chunk's flag is up): stage 3's partial,
     the contribution of the chunk's first j tokens rounded to the matmul dtype, and from it stage 4's
     capture, exp(cs_{j-1}) S0 + partial, S0 being the state before the chunk (the end state the
     chunk before left in its `states` row, or in a sequence's first chunk the initial state its
-    walk kept in `first_states`), on WALK_ROWS rows at a time. The partial stays in registers:
+    walk kept in `first_states`), on ROWS rows at a time. The partial stays in registers:
     through HBM pass the capture's bytes alone (the tokens and S0 are read again from L2). Rows of a
     matmul are the rows of the block's (the same products, summed in the same order)."""
     size = headdim * dstate
@@ -768,11 +790,11 @@ def _chunk_inner_captures(g, i_h, i_p, o_n, m_n, x_ptr, B_ptr, dt_ptr, cs_ptr, s
                 j = tl.load(p_step + 6).to(tl.int32)
                 row, kept = _capture_row(capture_rows_ptr, tl.load(p_step + 5), skip_slot, HAS_SKIP)
                 b_decay = exp2_flush(tl.load(p_cs + tl.maximum(j - 1, 0)))
-                for r0 in range(0, BLOCK_P, WALK_ROWS):
-                    o_q = i_p + r0 + tl.arange(0, WALK_ROWS)
+                for r0 in range(0, BLOCK_P, ROWS):
+                    o_q = i_p + r0 + tl.arange(0, ROWS)
                     m_q = o_q < headdim
                     b_part = _chunk_contribution(p_x, p_B, p_dt, p_cs, j, s_x_t, s_x_p, s_B_t, s_B_n, o_q, m_q, o_n,
-                                                 m_n, WALK_ROWS, BLOCK_N, BLOCK_K, DOT_DTYPE)
+                                                 m_n, ROWS, BLOCK_N, BLOCK_K, DOT_DTYPE)
                     o_q = o_q[:, None]
                     m = m_q[:, None] & m_n[None, :]
                     if index == 0:
@@ -801,7 +823,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, CB_BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                       PASS_BLOCK: tl.constexpr, WALK_ROWS: tl.constexpr, N_PN: tl.constexpr, N_PASS: tl.constexpr,
+                       PASS_BLOCK: tl.constexpr, WALK_ROWS: tl.constexpr, CAPTURE_ROWS: tl.constexpr,
+                       N_PN: tl.constexpr, N_PASS: tl.constexpr,
                        N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
@@ -842,9 +865,14 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
                 tl.debug_barrier()  # the contribution, stored in the matmul's layout, read back in the walk's
                 i_p, o_n = (r % N_PN // n_nblocks) * BLOCK_P, (r % N_PN % n_nblocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+                if plain_walk == 0:
+                    _keep_first_states(g, i_h, i_p, o_n, o_n < dstate, chunks_ptr, steps_ptr, chunk_steps_ptr,
+                                       first_states_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
+                                       headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, HAS_INITIAL_STATE,
+                                       HAS_SLOT_IN, HAS_INITIAL_FLAGS, HAS_SKIP, BLOCK_P, WALK_ROWS)
                 _chunk_walk(g, i_h, i_p, o_n, o_n < dstate, states_ptr, decay_ptr, cs_ptr, chunks_ptr, steps_ptr,
                             chunk_steps_ptr, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, start_ptr,
-                            first_states_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr, captured_ptr,
+                            state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr, captured_ptr,
                             counters_ptr, flags_ptr, skip_slot, plain_walk, headdim, dstate, nheads, s_in_s, s_in_h,
                             s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                             HAS_INITIAL_STATE, HAS_SLOT_IN, HAS_INITIAL_FLAGS, HAS_SKIP, CHUNK, BLOCK_P, WALK_ROWS,
@@ -856,7 +884,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                           slot_in_ptr, captured_ptr, skip_slot, headdim, dstate, nheads,
                                           heads_per_group, s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
                                           s_cap_r, s_cap_h, s_cap_p, s_cap_n, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_P,
-                                          BLOCK_N, BLOCK_K, WALK_ROWS, DOT_DTYPE)
+                                          BLOCK_N, BLOCK_K, CAPTURE_ROWS, DOT_DTYPE)
         elif r < n_chunk + n_out:
             if g >= 1:  # chunk g-1's y, an M x P block of a head, once its start state and C B^T are written
                 f_c = (g - 1) * nheads + (r - n_chunk) // N_MP
@@ -1175,6 +1203,9 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], CB_BLOCK_D=cfg["CB_BLOCK_D"],
         EVEN_D=dstate % cfg["BLOCK_D"] == 0, PASS_BLOCK=cfg["PASS_BLOCK"],
         WALK_ROWS=min(cfg["BLOCK_P"], max(1, cfg["PASS_BLOCK"] // cfg["BLOCK_N"])),
+        # Inner captures' row blocks: at 16 bits, 16 rows (the walk's) took twice the modelled time,
+        # 64 spilled 420-496 B.
+        CAPTURE_ROWS=min(cfg["BLOCK_P"], 32),
         N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
 
