@@ -378,8 +378,7 @@ def count_sizes(workload: Workload, peer: bool = False) -> list[int]:
 # Grid axes along which a kernel's programs are not alike, so that the two ends cannot stand for
 # the rest (triton_static.counts samples them in full). Along axis 0 of the chunked scan's state
 # kernel, the rows past the chunks are the inner captures' (a partial each, of a part of a chunk);
-# the fused pass's programs are of four kinds (chunk, output, C B^T, an empty sequence's), by the
-# tickets they take.
+# the fused pass's programs are of five kinds, by the tickets they take.
 UNALIKE_AXES = {"_chunk_state_kernel": (0,), "_fused_pass_kernel": (0,)}
 # Kernels whose programs are of several kinds in one launch (triton_static.model, mixed kernels).
 MIXED_KERNELS = frozenset({"_fused_pass_kernel"})

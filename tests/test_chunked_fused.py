@@ -46,9 +46,9 @@ def test_mamba2_chunked_prefill_on_an_engines_cache(device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_captures_into_a_cache_of_the_inputs_16_bit_dtype(dtype, device):
     """A 16-bit pass into a cache of its own dtype (a float16 pass multiplies in bfloat16): the
-    fused pass makes its inner captures from partials it never stores, rounded as the five stages
-    store theirs, and its cache and y hold the five stages' bits (captures into the skip slot
-    declined, an inner capture in a sequence's first chunk, whose slot the final state overwrites)."""
+    fused pass's cache and y hold the five stages' bits, an inner capture in a sequence's first
+    chunk included, whose slot the final state overwrites, and captures into the skip slot
+    declined."""
     kw, cache = test_cache_ops_chunked._mamba2_case(dtype)
     kw = {k: v.to(device=device, dtype=dtype if k in ("x", "B", "C", "z") else v.dtype) for k, v in kw.items()}
     results = []

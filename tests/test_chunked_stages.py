@@ -97,8 +97,8 @@ def run_stage(stage, case, dtype, device, *inputs, run=None):
     run = run or make_pass(case, dtype, device)
     ws = tk.new_workspace(run.p, run.tables)
     for f in fields(ws):
-        scratch = getattr(ws, f.name)
-        if f.name not in ("cfg", "counters", "flags") and scratch is not None:  # the fused pass's counters are ints
+        if f.name not in ("cfg", "counters", "flags"):  # the scratch; the fused pass's counters are ints
+            scratch = getattr(ws, f.name)
             scratch.fill_(float("nan") if scratch.is_floating_point() else -1)
     for name in inputs:
         value = getattr(run.want, name)
@@ -226,13 +226,14 @@ def test_stages_2_to_5_fused(case, dtype, device):
     nheads, headdim, dstate, ngroups = run.p.dims
     tables = run.tables
     counts = tk.fused_counts(ws.cfg, headdim, dstate, CHUNK)
-    nempty, nm = tables.nrows - tables.nchunks, CHUNK // ws.cfg["BLOCK_M"]
+    ninner, nempty, nm = tables.inner.shape[0], tables.nrows - tables.nchunks, CHUNK // ws.cfg["BLOCK_M"]
     per_chunk = nheads * (counts.n_pn + counts.n_mp) + ngroups * nm * nm
-    programs = nheads * nempty * counts.n_pass + (tables.nchunks + 1) * per_chunk
+    programs = nheads * (ninner * counts.n_pn + nempty * counts.n_pass) + (tables.nchunks + 1) * per_chunk
     assert ws.counters.tolist() == [1, programs], "(generation, tickets taken)"
-    # Each flag raised once by each of its producers: chunk programs per (chunk, head), C B^T per
-    # row of a (chunk, group)'s blocks.
-    raised = [(tables.nchunks * nheads, counts.n_pn), (tables.nchunks * ngroups * nm, nm)]
+    # Each flag raised once by each of its producers: chunk programs per (chunk, head), partials
+    # per (inner capture, head), C B^T per row of a (chunk, group)'s blocks.
+    raised = [(tables.nchunks * nheads, counts.n_pn), (ninner * nheads, counts.n_pn),
+              (tables.nchunks * ngroups * nm, nm)]
     want = torch.cat([torch.full((n,), producers, dtype=torch.int32) for n, producers in raised])
     assert torch.equal(ws.flags.cpu(), want), "a flag that its producers did not all raise"
 

@@ -50,16 +50,14 @@ The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 2 to 5 in one laun
 (_fused_pass_kernel, stage2to5_fused) with the same program functions as their kernels: its
 programs take tickets in chunk order and wait on one another's flags; a chunk program computes a
 block of its chunk's own contribution and then walks the chunk on that block, from the state the
-chunk before left, and makes its chunk's inner captures on the block from partials it never
-stores (docs/chunked.md, "The fused pass").
+chunk before left (docs/chunked.md, "The fused pass").
 
 The capture work writes only its own buffers, and the walk's extra steps for a chunk's further
 captures leave its state as it is, so captures cannot change a bit of y or of the final states;
 and every kernel is the same binary with or without captures (their tables are passed either way,
 their counts are not specialised on). A capture names its CaptureTable entry, whose row (an
 engine's slot; its skip slot declines one) the walk reads on the device. An inner capture costs
-its partial in the matmul dtype (written by kernel 3, read by kernel 4) and its own store; on the
-fused pass, its own store and reads from L2.
+its partial in the matmul dtype (written by kernel 3, read by kernel 4) and its own store.
 
 A NaN or inf in one token's inputs reaches that token and later ones only: masks are selects, not
 multiplies by zero, and a non-finite x entry of the diagonal block is kept out of its matmul and
@@ -277,16 +275,6 @@ def _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr):
 
 
 @triton.jit
-def _chunk_inputs(i_c, i_h, i_b, t0, x_ptr, B_ptr, dt_ptr, cs_ptr, nheads, heads_per_group,
-                  s_x_b, s_x_t, s_x_h, s_B_b, s_B_t, s_B_g, CHUNK: tl.constexpr):
-    """_chunk_contribution's pointers for chunk i_c (batch row i_b, first token t0) and head i_h:
-    x and its group's B at the chunk's first token, and the chunk's dt' and cs rows."""
-    o_scr = (i_c * nheads + i_h) * CHUNK
-    return (x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h,
-            B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g, dt_ptr + o_scr, cs_ptr + o_scr)
-
-
-@triton.jit
 def _chunk_state_program(i_row, i_h, i_pn, i_c, i_b, t0, n_tok, x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks,
                          partial_ptr, nonfinite_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks,
                          s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
@@ -297,9 +285,10 @@ def _chunk_state_program(i_row, i_h, i_pn, i_c, i_b, t0, n_tok, x_ptr, B_ptr, dt
     program of the first N block also stores whether the chunk's x holds a non-finite entry in the
     head's P block (Workspace.nonfinite)."""
     o_p, m_p, o_n, m_n = _pn_block(i_pn, n_nblocks, headdim, dstate, BLOCK_P, BLOCK_N)
-    p_x, p_B, p_dt, p_cs = _chunk_inputs(i_c, i_h, i_b, t0, x_ptr, B_ptr, dt_ptr, cs_ptr, nheads, heads_per_group,
-                                         s_x_b, s_x_t, s_x_h, s_B_b, s_B_t, s_B_g, CHUNK)
-    acc = _chunk_contribution(p_x, p_B, p_dt, p_cs, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
+    o_scr = (i_c * nheads + i_h) * CHUNK
+    p_x = x_ptr + i_b * s_x_b + t0 * s_x_t + i_h * s_x_h
+    p_B = B_ptr + i_b * s_B_b + t0 * s_B_t + (i_h // heads_per_group) * s_B_g
+    acc = _chunk_contribution(p_x, p_B, dt_ptr + o_scr, cs_ptr + o_scr, n_tok, s_x_t, s_x_p, s_B_t, s_B_n,
                               o_p, m_p, o_n, m_n, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE)
     o_pn = o_p[:, None] * dstate + o_n[None, :]
     m_pn = m_p[:, None] & m_n[None, :]
@@ -388,10 +377,9 @@ def _initial_state(i_in, starts, i_h, o_p, o_n, m, state_in_ptr, s_in_s, s_in_h,
 @triton.jit
 def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr,
           capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size, HAS_SKIP: tl.constexpr,
-          CHUNK: tl.constexpr, WALK_STAGES: tl.constexpr, INNER_CAPTURES: tl.constexpr):
+          CHUNK: tl.constexpr, WALK_STAGES: tl.constexpr):
     """Steps [t_begin, t_end) of ChunkTables.steps from `state` (a flat block, offsets o, mask m):
-    stores each chunk's start state and the captures on the way (inner captures only with
-    INNER_CAPTURES, from their partials); returns the state after them.
+    stores each chunk's start state and the captures on the way; returns the state after them.
 
     One step a chunk, or one per start or inner capture (ChunkTables.steps): a loop nested in the
     walk would keep the compiler from pipelining it. With WALK_STAGES > 1 Triton's pipeliner requests
@@ -413,7 +401,7 @@ def _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_pt
             start_row, start_kept = _capture_row(capture_rows_ptr, start_entry, skip_slot, HAS_SKIP)
             b_cap = cast_for_store(state, p_cap.dtype.element_ty)  # the cache's dtype on the engine path
             tl.store(p_cap + start_row * s_cap_r, b_cap, mask=tl.where(start_kept, m, False))
-        if INNER_CAPTURES and i_r >= 0:
+        if i_r >= 0:
             # An inner capture: exp(cs_{j-1}) S0 + the contribution of the chunk's first j tokens.
             b_part = tl.load(partial_ptr + (i_r * nheads + i_h) * size + o, mask=m, other=0.0)
             b_cs = tl.load(cs_ptr + (c * nheads + i_h) * CHUNK + tl.maximum(j - 1, 0))
@@ -488,7 +476,7 @@ def _state_passing_kernel(states_ptr, decay_ptr, cs_ptr, seq_steps_ptr, steps_pt
             p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
             state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr, steps_ptr,
                           capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, headdim * dstate, HAS_SKIP,
-                          CHUNK, WALK_STAGES, True)
+                          CHUNK, WALK_STAGES)
         p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n * s_cap_n
         _final_state(state, i_s, i_in, i_h, o_p, o_n, m, p_cap, s_cap_r, state_out_ptr, s_out_s, s_out_h, s_out_p,
                      s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
@@ -680,9 +668,9 @@ def _raise(flag_ptr):
 
 @triton.jit
 def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr,
-                end_bounds_ptr, end_entries_ptr, capture_rows_ptr, start_ptr, state_in_ptr, slot_in_ptr,
-                has_initial_ptr, state_out_ptr, captured_ptr, counters_ptr, flags_ptr, skip_slot, plain_walk, headdim,
-                dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
+                end_bounds_ptr, end_entries_ptr, capture_rows_ptr, partial_ptr, start_ptr, state_in_ptr, slot_in_ptr,
+                has_initial_ptr, state_out_ptr, captured_ptr, counters_ptr, flags_ptr, p_partial_flags, skip_slot,
+                plain_walk, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n,
                 s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                 HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
                 HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, WALK_ROWS: tl.constexpr,
@@ -690,10 +678,9 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
     """The fused pass's walk of chunk g on head i_h's P x N block (rows from i_p, columns o_n), after
     its program stored the chunk's own contribution in g's `states` row: from its sequence's initial
     state or the end state the chunk before left in its own row, the chunk's steps of
-    ChunkTables.steps as stage 4 runs them (start state, start and end captures, final state; the
-    inner captures come after, _chunk_inner_captures), and the end state into g's row (over the
-    contribution, which only this walk reads). WALK_ROWS rows at a time: the walk's tiles are stage
-    4's size, whatever the contribution's tile."""
+    ChunkTables.steps as stage 4 runs them (start state, captures, final state), and the end state
+    into g's row (over the contribution, which only this walk reads). WALK_ROWS rows at a time: the
+    walk's tiles are stage 4's size, whatever the contribution's tile."""
     size = headdim * dstate
     i_c = g.to(tl.int64)
     p_row = chunks_ptr + i_c * CHUNK_COLUMNS
@@ -702,7 +689,14 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
                                          HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
     t_begin = tl.load(chunk_steps_ptr + i_c)
     t_end = tl.load(chunk_steps_ptr + i_c + 1)
-    # The state before the chunk: its sequence's initial state, or the previous chunk's end.
+    # What the walk reads besides its own contribution: its inner captures' partials (a plain walk
+    # has none) and the state before the chunk (its sequence's initial state, or the previous
+    # chunk's end).
+    if plain_walk == 0:
+        for step in range(t_begin, t_end):
+            i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
+            if i_r >= 0:
+                _wait(p_partial_flags + i_r * nheads + i_h, N_PN, counters_ptr)
     if index != 0:
         _wait(flags_ptr + (g - 1) * nheads + i_h, N_PN, counters_ptr)
     for r0 in range(0, BLOCK_P, WALK_ROWS):
@@ -720,8 +714,8 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
                 state = _plain_step(state, i_c, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size)
             else:
                 state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
-                              steps_ptr, capture_rows_ptr, states_ptr, start_ptr, skip_slot, nheads, size,
-                              HAS_SKIP, CHUNK, 1, False)  # no partial to read: no inner captures
+                              steps_ptr, capture_rows_ptr, partial_ptr, start_ptr, skip_slot, nheads, size,
+                              HAS_SKIP, CHUNK, 1)
             if last != 0:
                 _final_state(state, i_s, i_in, i_h, o_p, o_n[None, :], m, p_cap, s_cap_r, state_out_ptr, s_out_s,
                              s_out_h, s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr,
@@ -729,90 +723,11 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
         tl.store(states_ptr + (i_c * nheads + i_h) * size + o, state, mask=m)
 
 
-@triton.jit
-def _keep_first_states(g, i_h, i_p, o_n, m_n, chunks_ptr, steps_ptr, chunk_steps_ptr, first_states_ptr, state_in_ptr,
-                       slot_in_ptr, has_initial_ptr, skip_slot, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p,
-                       s_in_n, HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr,
-                       HAS_INITIAL_FLAGS: tl.constexpr, HAS_SKIP: tl.constexpr, BLOCK_P: tl.constexpr,
-                       WALK_ROWS: tl.constexpr):
-    """Where chunk g is its sequence's first, the sequence's initial state on head i_h's P x N block
-    (rows from i_p, columns o_n) into `first_states`, a row for each of the chunk's inner captures,
-    before the chunk's walk: the walk of the sequence's last chunk may write the final state over
-    the initial one in place (an engine's cache) before _chunk_inner_captures reads it. Apart from
-    the walk, whose loop held it at the cost of spilled registers."""
-    i_c = g.to(tl.int64)
-    p_row = chunks_ptr + i_c * CHUNK_COLUMNS
-    if tl.load(p_row + 4) == 0:
-        i_in, _, live, starts, _ = row_slots(tl.load(p_row + 3), 0, slot_in_ptr, slot_in_ptr, has_initial_ptr,
-                                             skip_slot, HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
-        if live:
-            for step in range(tl.load(chunk_steps_ptr + i_c), tl.load(chunk_steps_ptr + i_c + 1)):
-                i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
-                if i_r >= 0:
-                    for r0 in range(0, BLOCK_P, WALK_ROWS):
-                        o_p = (i_p + r0 + tl.arange(0, WALK_ROWS))[:, None]
-                        o = o_p * dstate + o_n[None, :]
-                        m = (o_p < headdim) & m_n[None, :]
-                        state = _initial_state(i_in, starts, i_h, o_p, o_n[None, :], m, state_in_ptr, s_in_s, s_in_h,
-                                               s_in_p, s_in_n, HAS_INITIAL_STATE)
-                        tl.store(first_states_ptr + (i_r * nheads + i_h) * headdim * dstate + o, state, mask=m)
-
-
-@triton.jit
-def _chunk_inner_captures(g, i_h, i_p, o_n, m_n, x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, first_states_ptr,
-                          chunks_ptr, steps_ptr, chunk_steps_ptr, capture_rows_ptr, slot_in_ptr, captured_ptr,
-                          skip_slot, headdim, dstate, nheads, heads_per_group, s_x_b, s_x_t, s_x_h, s_x_p,
-                          s_B_b, s_B_t, s_B_g, s_B_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                          HAS_SLOT_IN: tl.constexpr, HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr,
-                          BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          ROWS: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """The fused pass's inner captures of chunk g on head i_h's P x N block (rows from i_p, columns
-    o_n), once its walk is done (off the chain of walks: the chunk's flag is up): stage 3's partial,
-    the contribution of the chunk's first j tokens rounded to the matmul dtype, and from it stage 4's
-    capture, exp(cs_{j-1}) S0 + partial, S0 being the state before the chunk (the end state the
-    chunk before left in its `states` row, or in a sequence's first chunk the initial state its
-    walk kept in `first_states`), on ROWS rows at a time. The partial stays in registers:
-    through HBM pass the capture's bytes alone (the tokens and S0 are read again from L2). Rows of a
-    matmul are the rows of the block's (the same products, summed in the same order)."""
-    size = headdim * dstate
-    i_c = g.to(tl.int64)
-    i_b, t0, _, i_s = _chunk_span(chunks_ptr, i_c)
-    index = tl.load(chunks_ptr + i_c * CHUNK_COLUMNS + 4)
-    _, _, live, _, _ = row_slots(i_s, 0, slot_in_ptr, slot_in_ptr, slot_in_ptr, skip_slot, HAS_SLOT_IN, False,
-                                 False, HAS_SKIP)
-    if live:
-        p_x, p_B, p_dt, p_cs = _chunk_inputs(i_c, i_h, i_b, t0, x_ptr, B_ptr, dt_ptr, cs_ptr, nheads,
-                                             heads_per_group, s_x_b, s_x_t, s_x_h, s_B_b, s_B_t, s_B_g, CHUNK)
-        for step in range(tl.load(chunk_steps_ptr + i_c), tl.load(chunk_steps_ptr + i_c + 1)):
-            p_step = steps_ptr + step * STEP_COLUMNS  # Step's inner, inner_entry and inner_offset j
-            i_r = tl.load(p_step + 4)
-            if i_r >= 0:
-                j = tl.load(p_step + 6).to(tl.int32)
-                row, kept = _capture_row(capture_rows_ptr, tl.load(p_step + 5), skip_slot, HAS_SKIP)
-                b_decay = exp2_flush(tl.load(p_cs + tl.maximum(j - 1, 0)))
-                for r0 in range(0, BLOCK_P, ROWS):
-                    o_q = i_p + r0 + tl.arange(0, ROWS)
-                    m_q = o_q < headdim
-                    b_part = _chunk_contribution(p_x, p_B, p_dt, p_cs, j, s_x_t, s_x_p, s_B_t, s_B_n, o_q, m_q, o_n,
-                                                 m_n, ROWS, BLOCK_N, BLOCK_K, DOT_DTYPE)
-                    o_q = o_q[:, None]
-                    m = m_q[:, None] & m_n[None, :]
-                    if index == 0:
-                        p_s0 = first_states_ptr + (i_r * nheads + i_h) * size
-                    else:
-                        p_s0 = states_ptr + ((i_c - 1) * nheads + i_h) * size
-                    state = tl.load(p_s0 + o_q * dstate + o_n[None, :], mask=m, other=0.0)
-                    b_in = tl.fma(b_decay, state, rounded(b_part, DOT_DTYPE))
-                    p_cap = captured_ptr + row * s_cap_r + i_h * s_cap_h + o_q * s_cap_p + o_n[None, :] * s_cap_n
-                    tl.store(p_cap, cast_for_store(b_in, p_cap.dtype.element_ty), mask=tl.where(kept, m, False))
-
-
-@triton.jit(do_not_specialize=["nchunks", "plain_walk"])
+@triton.jit(do_not_specialize=["nchunks", "ninner", "plain_walk"])
 def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, decay_ptr, cb_ptr, states_ptr,
-                       start_ptr, first_states_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr,
-                       end_entries_ptr,
-                       capture_rows_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr,
-                       captured_ptr, counters_ptr, flags_ptr, nchunks, skip_slot, plain_walk,
+                       partial_ptr, start_ptr, chunks_ptr, inner_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr,
+                       end_entries_ptr, capture_rows_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr,
+                       captured_ptr, counters_ptr, flags_ptr, nchunks, ninner, skip_slot, plain_walk,
                        headdim, dstate, nheads, heads_per_group, n_nblocks, n_pblocks,
                        s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
                        s_D_h, s_D_p, s_z_b, s_z_t, s_z_h, s_z_p, s_y_b, s_y_t, s_y_h, s_y_p,
@@ -823,20 +738,19 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        HAS_SKIP: tl.constexpr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, CB_BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                       PASS_BLOCK: tl.constexpr, WALK_ROWS: tl.constexpr, CAPTURE_ROWS: tl.constexpr,
-                       N_PN: tl.constexpr, N_PASS: tl.constexpr,
+                       PASS_BLOCK: tl.constexpr, WALK_ROWS: tl.constexpr, N_PN: tl.constexpr, N_PASS: tl.constexpr,
                        N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
     tickets and so are running or done: no program waits on one that may never start.
 
-    Tickets: groups of (nheads x N_PN) chunk, (nheads x N_MP) output and (ngroups x NM x NM) C B^T
-    programs, group g holding chunk g's chunk programs and C B^T and chunk g-1's output, so that
-    what a program waits on was mostly done a group before; last, the final states of the empty
-    sequences (N_PASS blocks of PASS_BLOCK elements a head). A chunk program computes a P x N block
-    of its chunk's own contribution (stage 3), walks the chunk on that block (_chunk_walk: the
-    contribution goes to the walk through L2, not through a launch of its own), raises the chunk's
-    flag, then makes the chunk's inner captures on the block (_chunk_inner_captures). Flags count their producers:
+    Tickets: first the inner captures' partials (stage 3's rows past the chunks); then groups of
+    (nheads x N_PN) chunk, (nheads x N_MP) output and (ngroups x NM x NM) C B^T programs, group g
+    holding chunk g's chunk programs and C B^T and chunk g-1's output, so that what a program
+    waits on was mostly done a group before; last, the final states of the empty sequences (N_PASS
+    blocks of PASS_BLOCK elements a head). A chunk program computes a P x N block of its chunk's
+    own contribution (stage 3), then walks the chunk on that block (_chunk_walk): the contribution
+    goes to the walk through L2, not through a launch of its own. Flags count their producers:
     each producer raises its flag by one once a pass, so that a flag holds generation
     (counters_ptr[0], which stage 1 advanced) x its producers once they are all done, and a
     program waits on a flag with one poll whatever the number of its producers."""
@@ -847,44 +761,41 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     n_out = nheads * N_MP
     n_cb = ngroups * NM * NM
     group = n_chunk + n_out + n_cb
+    n_partial = ninner * n_chunk
     # Flags: (nchunks, nheads) chunks (N_PN producers each: their walks' end and start states),
-    # (nchunks, ngroups, NM) rows of C B^T blocks (NM, those above the diagonal included). Tickets
-    # and flags' indices fit int32; state offsets are int64.
-    p_cb_flags = flags_ptr + nchunks * nheads
-    if t < (nchunks + 1) * group:
-        g = t // group
-        r = t % group
+    # (ninner, nheads) partials (N_PN), (nchunks, ngroups, NM) rows of C B^T blocks (NM, those above
+    # the diagonal included). Tickets and flags' indices fit int32; state offsets are int64.
+    p_partial_flags = flags_ptr + nchunks * nheads
+    p_cb_flags = p_partial_flags + ninner * nheads
+    if t < n_partial:  # the partial of inner capture t // n_chunk: stage 3's row past the chunks
+        i_row = (nchunks + t // n_chunk).to(tl.int64)
+        i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
+        _chunk_state_program(i_row, ((t % n_chunk) // N_PN).to(tl.int64), t % N_PN, i_c, i_b, t0, n_tok,
+                             x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr,
+                             partial_ptr, headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h,
+                             s_x_p, s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
+        _raise(p_partial_flags + t // N_PN)
+    elif t < n_partial + (nchunks + 1) * group:
+        g = (t - n_partial) // group
+        r = (t - n_partial) % group
         if r < n_chunk:
-            if g < nchunks:  # chunk g on a P x N block of head r // N_PN: its own contribution, its walk, its captures
+            if g < nchunks:  # chunk g on a P x N block of head r // N_PN: its own contribution, then its walk
                 i_h = (r // N_PN).to(tl.int64)
-                i_c = g.to(tl.int64)
-                i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
+                i_c, i_b, t0, n_tok = _state_row_span(g.to(tl.int64), nchunks, chunks_ptr, inner_ptr)
                 _chunk_state_program(i_c, i_h, r % N_PN, i_c, i_b, t0, n_tok, x_ptr,
-                                     B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, states_ptr, states_ptr,
+                                     B_ptr, dt_ptr, cs_ptr, states_ptr, nchunks, partial_ptr, partial_ptr,
                                      headdim, dstate, nheads, heads_per_group, n_nblocks, s_x_b, s_x_t, s_x_h, s_x_p,
                                      s_B_b, s_B_t, s_B_g, s_B_n, CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, DOT_DTYPE, False)
                 tl.debug_barrier()  # the contribution, stored in the matmul's layout, read back in the walk's
-                i_p, o_n = (r % N_PN // n_nblocks) * BLOCK_P, (r % N_PN % n_nblocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-                if plain_walk == 0:
-                    _keep_first_states(g, i_h, i_p, o_n, o_n < dstate, chunks_ptr, steps_ptr, chunk_steps_ptr,
-                                       first_states_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr, skip_slot,
-                                       headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, HAS_INITIAL_STATE,
-                                       HAS_SLOT_IN, HAS_INITIAL_FLAGS, HAS_SKIP, BLOCK_P, WALK_ROWS)
-                _chunk_walk(g, i_h, i_p, o_n, o_n < dstate, states_ptr, decay_ptr, cs_ptr, chunks_ptr, steps_ptr,
-                            chunk_steps_ptr, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, start_ptr,
-                            state_in_ptr, slot_in_ptr, has_initial_ptr, state_out_ptr, captured_ptr,
-                            counters_ptr, flags_ptr, skip_slot, plain_walk, headdim, dstate, nheads, s_in_s, s_in_h,
-                            s_in_p, s_in_n, s_out_s, s_out_h, s_out_p, s_out_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n,
-                            HAS_INITIAL_STATE, HAS_SLOT_IN, HAS_INITIAL_FLAGS, HAS_SKIP, CHUNK, BLOCK_P, WALK_ROWS,
-                            N_PN)
+                o_n = (r % N_PN % n_nblocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+                _chunk_walk(g, i_h, (r % N_PN // n_nblocks) * BLOCK_P, o_n, o_n < dstate, states_ptr, decay_ptr,
+                            cs_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr, end_bounds_ptr, end_entries_ptr,
+                            capture_rows_ptr, partial_ptr, start_ptr, state_in_ptr, slot_in_ptr, has_initial_ptr,
+                            state_out_ptr, captured_ptr, counters_ptr, flags_ptr, p_partial_flags, skip_slot,
+                            plain_walk, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h,
+                            s_out_p, s_out_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n, HAS_INITIAL_STATE, HAS_SLOT_IN,
+                            HAS_INITIAL_FLAGS, HAS_SKIP, CHUNK, BLOCK_P, WALK_ROWS, N_PN)
                 _raise(flags_ptr + g * nheads + i_h)
-                if plain_walk == 0:  # its inner captures, off the chain of walks
-                    _chunk_inner_captures(g, i_h, i_p, o_n, o_n < dstate, x_ptr, B_ptr, dt_ptr, cs_ptr, states_ptr,
-                                          first_states_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr, capture_rows_ptr,
-                                          slot_in_ptr, captured_ptr, skip_slot, headdim, dstate, nheads,
-                                          heads_per_group, s_x_b, s_x_t, s_x_h, s_x_p, s_B_b, s_B_t, s_B_g, s_B_n,
-                                          s_cap_r, s_cap_h, s_cap_p, s_cap_n, HAS_SLOT_IN, HAS_SKIP, CHUNK, BLOCK_P,
-                                          BLOCK_N, BLOCK_K, CAPTURE_ROWS, DOT_DTYPE)
         elif r < n_chunk + n_out:
             if g >= 1:  # chunk g-1's y, an M x P block of a head, once its start state and C B^T are written
                 f_c = (g - 1) * nheads + (r - n_chunk) // N_MP
@@ -909,7 +820,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                                   s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, CB_BLOCK_D, DOT_DTYPE)
                 _raise(p_cb_flags + (g * ngroups + r_cb // (NM * NM)) * NM + i_mk // NM)
     else:  # an empty sequence's final state: its initial state
-        r = t - (nchunks + 1) * group
+        r = t - n_partial - (nchunks + 1) * group
         n_walk = nheads * N_PASS
         i_row = (nchunks + r // n_walk).to(tl.int64)  # its row of ChunkTables.chunks
         i_h = ((r % n_walk) // N_PASS).to(tl.int64)
@@ -992,9 +903,7 @@ class Workspace:
     # (nchunks, nheads, headdim, dstate) matmul dtype (float32 on the fused pass): each chunk's own
     # contribution (stage 3)
     states: torch.Tensor
-    # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3; no rows on the
-    # fused pass, which keeps them in registers)
-    partial: torch.Tensor
+    partial: torch.Tensor  # (ninner, nheads, headdim, dstate) matmul dtype: each inner capture's (stage 3)
     start: torch.Tensor  # (nchunks, nheads, headdim, dstate) matmul dtype: the chunk-start states (stage 4)
     # (nchunks, nheads, P blocks) int8: 1 where the chunk's x holds a non-finite entry in the head's
     # P block, else 0 (stage 3, which may also mark a clean block: below, stage5_chunk_output)
@@ -1004,9 +913,6 @@ class Workspace:
     # once a pass).
     counters: torch.Tensor | None = None
     flags: torch.Tensor | None = None
-    # (ninner, nheads, headdim, dstate) float32, the fused pass's: the initial state before each
-    # inner capture in a sequence's first chunk (_chunk_walk keeps it there)
-    first_states: torch.Tensor | None = None
 
     @property
     def fused(self) -> bool:
@@ -1026,26 +932,24 @@ class Workspace:
 
 def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
     """The workspace of a pass, unwritten (the fused pass's where FUSED_PASS is set: `states` in
-    float32, where its walks leave the chunks' end states, and no partials)."""
+    float32, where its walks leave the chunks' end states)."""
     nheads, headdim, dstate, ngroups = p.dims
     chunk, nchunks, ninner = tables.chunk_size, tables.nchunks, tables.inner.shape[0]
     f32, mm = dict(dtype=torch.float32, device=p.x.device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=p.x.device)
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
-    counters = flags = first_states = None
+    counters = flags = None
     if FUSED_PASS:
-        first_states = torch.empty(ninner, nheads, headdim, dstate, **f32)
         counters = torch.zeros(2, dtype=torch.int32, device=p.x.device)
-        flags = torch.zeros(fused_counts(cfg, headdim, dstate, chunk).flags(nheads, ngroups, nchunks),
+        flags = torch.zeros(fused_counts(cfg, headdim, dstate, chunk).flags(nheads, ngroups, nchunks, ninner),
                             dtype=torch.int32, device=p.x.device)
     return Workspace(
         cfg, torch.empty(nchunks, nheads, chunk, **f32),
         torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
         torch.empty(nchunks, ngroups, chunk, chunk, **mm),
         torch.empty(nchunks, nheads, headdim, dstate, **(f32 if FUSED_PASS else mm)),
-        torch.empty(0 if FUSED_PASS else ninner, nheads, headdim, dstate, **mm),
-        torch.empty(nchunks, nheads, headdim, dstate, **mm),
+        torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm),
         torch.empty(nchunks, nheads, triton.cdiv(headdim, cfg["BLOCK_P"]), dtype=torch.int8, device=p.x.device),
-        counters, flags, first_states)
+        counters, flags)
 
 
 def stage1_dt_cumsum(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -1155,20 +1059,20 @@ def stage5_chunk_output(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> N
 class FusedCounts(NamedTuple):
     """Programs of the fused pass (_fused_pass_kernel) for a chunk: per head, and per group."""
 
-    n_pn: int  # chunk programs of a head: P x N blocks
+    n_pn: int  # chunk (and partial) programs of a head: P x N blocks
     n_pass: int  # programs of a head for an empty sequence's final state: PASS_BLOCK blocks of its state
     n_mp: int  # output programs of a head: M x P blocks
     nm: int  # C B^T blocks along each side of a chunk: nm^2 programs a group, those above the diagonal idle
 
-    def programs(self, nheads: int, ngroups: int, nchunks: int, nempty: int) -> int:
+    def programs(self, nheads: int, ngroups: int, nchunks: int, ninner: int, nempty: int) -> int:
         """Tickets of a pass (the kernel's docstring orders them)."""
         per_chunk = nheads * (self.n_pn + self.n_mp) + ngroups * self.nm * self.nm
-        return nheads * nempty * self.n_pass + (nchunks + 1) * per_chunk
+        return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 1) * per_chunk
 
-    def flags(self, nheads: int, ngroups: int, nchunks: int) -> int:
-        """Flags of a pass: one per (chunk, head) for its chunk programs, one per row of a (chunk,
-        group)'s C B^T blocks."""
-        return nheads * nchunks + nchunks * ngroups * self.nm
+    def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
+        """Flags of a pass: one per (chunk, head) for its chunk programs, one per (inner capture,
+        head) for its partials, one per row of a (chunk, group)'s C B^T blocks."""
+        return nheads * (nchunks + ninner) + nchunks * ngroups * self.nm
 
 
 def fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> FusedCounts:
@@ -1185,16 +1089,17 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     if not tables.nchunks:
         stage4_state_passing(p, tables, ws)
         return
-    chunk, nchunks, nempty = tables.chunk_size, tables.nchunks, tables.nrows - tables.nchunks
+    chunk, nchunks, ninner, nempty = tables.chunk_size, tables.nchunks, tables.inner.shape[0], \
+        tables.nrows - tables.nchunks
     cfg, out, captured, stand_in = ws.cfg, p.state_out, p.captured, tables.chunks
     counts = fused_counts(cfg, headdim, dstate, chunk)
-    programs = counts.programs(nheads, ngroups, nchunks, nempty)
+    programs = counts.programs(nheads, ngroups, nchunks, ninner, nempty)
     launch(_fused_pass_kernel, (programs,),
         p.x, p.B, p.C, ptr_or(p.D, out), ptr_or(p.z, out), p.y, ws.dt, ws.cs, ws.decay, ws.cb, ws.states,
-        ws.start, ptr_or(ws.first_states, ws.states), tables.chunks, tables.steps, tables.chunk_steps,
-        tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
+        ptr_or(ws.partial, ws.start), ws.start, tables.chunks, ptr_or(tables.inner, stand_in), tables.steps,
+        tables.chunk_steps, tables.end_bounds, ptr_or(tables.end_entries, stand_in), ptr_or(p.captures.row, stand_in),
         ptr_or(p.state_in, out), ptr_or(p.state_index, stand_in), ptr_or(p.has_initial, stand_in), out,
-        ptr_or(captured, out), ws.counters, ws.flags, nchunks,
+        ptr_or(captured, out), ws.counters, ws.flags, nchunks, ninner,
         0 if p.skip_slot is None else p.skip_slot, int(tables.plain_walk), headdim, dstate, nheads, nheads // ngroups,
         triton.cdiv(dstate, cfg["BLOCK_N"]), triton.cdiv(headdim, cfg["BLOCK_P"]),
         *p.x.stride(), *p.B.stride(), *p.C.stride(), *strides_or_zeros(p.D, 2), *strides_or_zeros(p.z, 4),
@@ -1203,9 +1108,6 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], CB_BLOCK_D=cfg["CB_BLOCK_D"],
         EVEN_D=dstate % cfg["BLOCK_D"] == 0, PASS_BLOCK=cfg["PASS_BLOCK"],
         WALK_ROWS=min(cfg["BLOCK_P"], max(1, cfg["PASS_BLOCK"] // cfg["BLOCK_N"])),
-        # Inner captures' row blocks: at 16 bits, 16 rows (the walk's) took twice the modelled time,
-        # 64 spilled 420-496 B.
-        CAPTURE_ROWS=min(cfg["BLOCK_P"], 32),
         N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
 
 
