@@ -230,10 +230,9 @@ def test_stages_2_to_5_fused(case, dtype, device):
     per_chunk = nheads * (counts.n_pn + counts.n_mp) + ngroups * nm * nm
     programs = nheads * (ninner * counts.n_pn + nempty * counts.n_pass) + (tables.nchunks + 1) * per_chunk
     assert ws.counters.tolist() == [1, programs], "(generation, tickets taken)"
-    # Each flag raised once by each of its producers: chunk programs per (chunk, head), partials
-    # per (inner capture, head), C B^T per row of a (chunk, group)'s blocks.
-    raised = [(tables.nchunks * nheads, counts.n_pn), (ninner * nheads, counts.n_pn),
-              (tables.nchunks * ngroups * nm, nm)]
+    # Each flag raised once by each of its producers: a (chunk, head)'s by its chunk programs and its
+    # group's C B^T programs, an (inner capture, head)'s by its partials.
+    raised = [(tables.nchunks * nheads, counts.n_pn + nm * nm), (ninner * nheads, counts.n_pn)]
     want = torch.cat([torch.full((n,), producers, dtype=torch.int32) for n, producers in raised])
     assert torch.equal(ws.flags.cpu(), want), "a flag that its producers did not all raise"
 

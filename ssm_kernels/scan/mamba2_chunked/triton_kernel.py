@@ -105,6 +105,9 @@ MAX_GRID_Z = 65535  # CUDA's limit on a grid's third axis
 # 2.7B's 80 heads and 8192 tokens, one wave at one program an SM. Where every mark is set (every
 # chunk's x non-finite), a program computes 32 (chunk, head, P block)s' y one after another.
 FIXUP_MARKS = 32
+# Flags a C B^T program of the fused pass raises an instruction (one a thread at 4 warps): its group's
+# heads' chunk flags, all of them at once up to 128 heads a group.
+RAISE_BLOCK = tl.constexpr(128)
 
 
 @triton.jit
@@ -667,6 +670,15 @@ def _raise(flag_ptr):
 
 
 @triton.jit
+def _raise_heads(flag_ptr, nflags, BLOCK: tl.constexpr):
+    """Flags flag_ptr[0 .. nflags) each up by one, as _raise: BLOCK of them an instruction."""
+    tl.debug_barrier()
+    for f0 in range(0, nflags, BLOCK):
+        o = f0 + tl.arange(0, BLOCK)
+        tl.atomic_add(flag_ptr + o, 1, mask=o < nflags, sem="release")
+
+
+@triton.jit
 def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr, steps_ptr, chunk_steps_ptr,
                 end_bounds_ptr, end_entries_ptr, capture_rows_ptr, partial_ptr, start_ptr, state_in_ptr, slot_in_ptr,
                 has_initial_ptr, state_out_ptr, captured_ptr, counters_ptr, flags_ptr, p_partial_flags, skip_slot,
@@ -674,7 +686,7 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
                 s_cap_r, s_cap_h, s_cap_p, s_cap_n,
                 HAS_INITIAL_STATE: tl.constexpr, HAS_SLOT_IN: tl.constexpr, HAS_INITIAL_FLAGS: tl.constexpr,
                 HAS_SKIP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, WALK_ROWS: tl.constexpr,
-                N_PN: tl.constexpr):
+                N_PN: tl.constexpr, CHUNK_FLAG: tl.constexpr):
     """The fused pass's walk of chunk g on head i_h's P x N block (rows from i_p, columns o_n), after
     its program stored the chunk's own contribution in g's `states` row: from its sequence's initial
     state or the end state the chunk before left in its own row, the chunk's steps of
@@ -698,7 +710,7 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
             if i_r >= 0:
                 _wait(p_partial_flags + i_r * nheads + i_h, N_PN, counters_ptr)
     if index != 0:
-        _wait(flags_ptr + (g - 1) * nheads + i_h, N_PN, counters_ptr)
+        _wait(flags_ptr + (g - 1) * nheads + i_h, CHUNK_FLAG, counters_ptr)
     for r0 in range(0, BLOCK_P, WALK_ROWS):
         o_p = (i_p + r0 + tl.arange(0, WALK_ROWS))[:, None]
         o = o_p * dstate + o_n[None, :]
@@ -762,11 +774,12 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
     n_cb = ngroups * NM * NM
     group = n_chunk + n_out + n_cb
     n_partial = ninner * n_chunk
-    # Flags: (nchunks, nheads) chunks (N_PN producers each: their walks' end and start states),
-    # (ninner, nheads) partials (N_PN), (nchunks, ngroups, NM) rows of C B^T blocks (NM, those above
-    # the diagonal included). Tickets and flags' indices fit int32; state offsets are int64.
+    # Flags: (nchunks, nheads) chunks, raised by the chunk's N_PN chunk programs (their walks' end and
+    # start states) and by its group's NM x NM C B^T programs (those above the diagonal included), so
+    # that an output program waits on one flag; (ninner, nheads) partials (N_PN producers each).
+    # Tickets and flags' indices fit int32; state offsets are int64.
+    CHUNK_FLAG: tl.constexpr = N_PN + NM * NM
     p_partial_flags = flags_ptr + nchunks * nheads
-    p_cb_flags = p_partial_flags + ninner * nheads
     if t < n_partial:  # the partial of inner capture t // n_chunk: stage 3's row past the chunks
         i_row = (nchunks + t // n_chunk).to(tl.int64)
         i_c, i_b, t0, n_tok = _state_row_span(i_row, nchunks, chunks_ptr, inner_ptr)
@@ -794,16 +807,15 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                             state_out_ptr, captured_ptr, counters_ptr, flags_ptr, p_partial_flags, skip_slot,
                             plain_walk, headdim, dstate, nheads, s_in_s, s_in_h, s_in_p, s_in_n, s_out_s, s_out_h,
                             s_out_p, s_out_n, s_cap_r, s_cap_h, s_cap_p, s_cap_n, HAS_INITIAL_STATE, HAS_SLOT_IN,
-                            HAS_INITIAL_FLAGS, HAS_SKIP, CHUNK, BLOCK_P, WALK_ROWS, N_PN)
+                            HAS_INITIAL_FLAGS, HAS_SKIP, CHUNK, BLOCK_P, WALK_ROWS, N_PN, CHUNK_FLAG)
                 _raise(flags_ptr + g * nheads + i_h)
         elif r < n_chunk + n_out:
             if g >= 1:  # chunk g-1's y, an M x P block of a head, once its start state and C B^T are written
-                f_c = (g - 1) * nheads + (r - n_chunk) // N_MP
-                i_m = (r - n_chunk) % N_MP // n_pblocks  # its row block reads C B^T's (i_m, <= i_m)
-                _wait(flags_ptr + f_c, N_PN, counters_ptr)
-                _wait(p_cb_flags + ((g - 1) * ngroups + f_c % nheads // heads_per_group) * NM + i_m, NM, counters_ptr)
                 i_c = (g - 1).to(tl.int64)
+                # The chunk's row is the host's, not a producer's: requested before the wait, which
+                # holds back the reads after it, so that the two round trips overlap.
                 i_b, t0, n_tok, i_s = _chunk_span(chunks_ptr, i_c)
+                _wait(flags_ptr + (g - 1) * nheads + (r - n_chunk) // N_MP, CHUNK_FLAG, counters_ptr)
                 _chunk_output_program(i_c, ((r - n_chunk) // N_MP).to(tl.int64), (r - n_chunk) % N_MP,
                                       i_b, t0, n_tok, i_s, x_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr, cb_ptr,
                                       start_ptr, slot_in_ptr, skip_slot, headdim, dstate, nheads, heads_per_group,
@@ -818,7 +830,8 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
                                   C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
                                   s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, CB_BLOCK_D, DOT_DTYPE)
-                _raise(p_cb_flags + (g * ngroups + r_cb // (NM * NM)) * NM + i_mk // NM)
+                _raise_heads(flags_ptr + g * nheads + r_cb // (NM * NM) * heads_per_group, heads_per_group,
+                             RAISE_BLOCK)
     else:  # an empty sequence's final state: its initial state
         r = t - n_partial - (nchunks + 1) * group
         n_walk = nheads * N_PASS
@@ -940,7 +953,7 @@ def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
     counters = flags = None
     if FUSED_PASS:
         counters = torch.zeros(2, dtype=torch.int32, device=p.x.device)
-        flags = torch.zeros(fused_counts(cfg, headdim, dstate, chunk).flags(nheads, ngroups, nchunks, ninner),
+        flags = torch.zeros(fused_counts(cfg, headdim, dstate, chunk).flags(nheads, nchunks, ninner),
                             dtype=torch.int32, device=p.x.device)
     return Workspace(
         cfg, torch.empty(nchunks, nheads, chunk, **f32),
@@ -1069,10 +1082,10 @@ class FusedCounts(NamedTuple):
         per_chunk = nheads * (self.n_pn + self.n_mp) + ngroups * self.nm * self.nm
         return nheads * (ninner * self.n_pn + nempty * self.n_pass) + (nchunks + 1) * per_chunk
 
-    def flags(self, nheads: int, ngroups: int, nchunks: int, ninner: int) -> int:
-        """Flags of a pass: one per (chunk, head) for its chunk programs, one per (inner capture,
-        head) for its partials, one per row of a (chunk, group)'s C B^T blocks."""
-        return nheads * (nchunks + ninner) + nchunks * ngroups * self.nm
+    def flags(self, nheads: int, nchunks: int, ninner: int) -> int:
+        """Flags of a pass: one per (chunk, head) for its chunk programs and its group's C B^T
+        programs, one per (inner capture, head) for its partials."""
+        return nheads * (nchunks + ninner)
 
 
 def fused_counts(cfg: dict, headdim: int, dstate: int, chunk: int) -> FusedCounts:
