@@ -110,13 +110,17 @@ DIMS = {"small": dict(nheads=4, headdim=16, ngroups=2, dstate=16),
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dims", list(DIMS))
-def test_the_fused_pass_gives_the_five_stages_results(dims, dtype, device):
+@pytest.mark.parametrize("dims, captures", [("small", "everywhere"), ("two_blocks", "everywhere"),
+                                            ("small", "sparse")])
+def test_the_fused_pass_gives_the_five_stages_results(dims, captures, dtype, device):
+    """Captures everywhere, or inside two chunks of a pass whose other chunks have none at their
+    start or inside them (those walk their chunk in the plain step)."""
     lengths = [0, 1, 17, 0, 33, 7, 16]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
     args, kw = mamba2_positional(mamba2_inputs(1, sum(lengths), **DIMS[dims], nseq=len(lengths), dtype=dtype,
                                                device=device))
-    kw.update(dt_softplus=True, cu_seqlens=cu, capture=captures_for(lengths), start_positions=[0, 3, 16, 0, 5, 0, 32])
+    capture = captures_for(lengths) if captures == "everywhere" else [(4, 20), (2, 5), (4, 33)]
+    kw.update(dt_softplus=True, cu_seqlens=cu, capture=capture, start_positions=[0, 3, 16, 0, 5, 0, 32])
     results = []
     for fused in (True, False):
         with tk.fused_pass(fused):

@@ -701,10 +701,16 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
                                          HAS_SLOT_IN, False, HAS_INITIAL_FLAGS, HAS_SKIP)
     t_begin = tl.load(chunk_steps_ptr + i_c)
     t_end = tl.load(chunk_steps_ptr + i_c + 1)
-    # What the walk reads besides its own contribution: its inner captures' partials (a plain walk
+    # A chunk of one step with no capture at its start or inside it takes the plain step, in any
+    # pass: most chunks of a pass with captures are such chunks.
+    plain = plain_walk
+    if (plain_walk == 0) & (t_end - t_begin == 1):
+        p_step = steps_ptr + t_begin * STEP_COLUMNS
+        plain = ((tl.load(p_step + 3) < 0) & (tl.load(p_step + 4) < 0)).to(tl.int32)
+    # What the walk reads besides its own contribution: its inner captures' partials (a plain step
     # has none) and the state before the chunk (its sequence's initial state, or the previous
     # chunk's end).
-    if plain_walk == 0:
+    if plain == 0:
         for step in range(t_begin, t_end):
             i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
             if i_r >= 0:
@@ -722,7 +728,7 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
             state = tl.load(states_ptr + ((i_c - 1) * nheads + i_h) * size + o, mask=m, other=0.0)
         if live:
             p_cap = captured_ptr + i_h * s_cap_h + o_p * s_cap_p + o_n[None, :] * s_cap_n
-            if plain_walk != 0:  # one step, the chunk's own: no step table to read (as _state_passing_kernel)
+            if plain != 0:  # one step, the chunk's own: no step table to read (as _state_passing_kernel)
                 state = _plain_step(state, i_c, i_h, o, m, states_ptr, decay_ptr, start_ptr, nheads, size)
             else:
                 state = _walk(state, t_begin, t_end, i_h, o, m, p_cap, s_cap_r, states_ptr, decay_ptr, cs_ptr,
