@@ -88,7 +88,7 @@ import triton.language as tl
 from ..problem import ScanProblem
 from ..._triton import (flags_for, INTERPRETED, cast_for_store, discretize_dt, exp2_flush, launch, ptr_or, rounded,
                         row_slots, strides_or_zeros)
-from .tables import STEP_WIDTH, ChunkCapture, ChunkRow, ChunkTables
+from .tables import STEP_WIDTH, ChunkCapture, ChunkRow, ChunkTables, Step
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # 2^-160 is 0 in float32 (its least denormal is 2^-149): a decay whose log2 is at most this far
@@ -100,6 +100,9 @@ ZERO_DECAY_LOG2 = tl.constexpr(160.0)
 CHUNK_COLUMNS = tl.constexpr(len(ChunkRow._fields))
 INNER_COLUMNS = tl.constexpr(len(ChunkCapture._fields))
 STEP_COLUMNS = tl.constexpr(STEP_WIDTH)
+# Columns of a step's row that the fused pass's walk reads alone (the rest through _step_row).
+STEP_START = tl.constexpr(Step._fields.index("start_entry"))
+STEP_INNER = tl.constexpr(Step._fields.index("inner"))
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's third axis
 # Marks (Workspace.nonfinite) a program of the output kernel's fix-up reads: 80 programs at Mamba-2
 # 2.7B's 80 heads and 8192 tokens, one wave at one program an SM. Where every mark is set (every
@@ -706,13 +709,13 @@ def _chunk_walk(g, i_h, i_p, o_n, m_n, states_ptr, decay_ptr, cs_ptr, chunks_ptr
     plain = plain_walk
     if (plain_walk == 0) & (t_end - t_begin == 1):
         p_step = steps_ptr + t_begin * STEP_COLUMNS
-        plain = ((tl.load(p_step + 3) < 0) & (tl.load(p_step + 4) < 0)).to(tl.int32)
+        plain = ((tl.load(p_step + STEP_START) < 0) & (tl.load(p_step + STEP_INNER) < 0)).to(tl.int32)
     # What the walk reads besides its own contribution: its inner captures' partials (a plain step
     # has none) and the state before the chunk (its sequence's initial state, or the previous
     # chunk's end).
     if plain == 0:
         for step in range(t_begin, t_end):
-            i_r = tl.load(steps_ptr + step * STEP_COLUMNS + 4)
+            i_r = tl.load(steps_ptr + step * STEP_COLUMNS + STEP_INNER)
             if i_r >= 0:
                 _wait(p_partial_flags + i_r * nheads + i_h, N_PN, counters_ptr)
     if index != 0:
