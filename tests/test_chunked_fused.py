@@ -7,7 +7,8 @@ ticket order) it gives their bits, every output; on a GPU its programs run at on
 states on through flags, and its results are the five stages' to rounding (two binaries may
 contract a multiply and an add differently). The tests re-run here keep its own guarantees:
 accuracy against float64, varlen with empty and 1-token sequences, captures anywhere that change
-no bit of y or the final states, passes resumed at a chunk-grid point bit-identical to one pass.
+no bit of y or the final states, passes resumed at a chunk-grid point bit-identical to one pass,
+a non-finite input reaching only its token and later ones.
 """
 import os
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import test_cache_ops_chunked
+import test_nonfinite
 from helpers import assert_rel_close, mamba2_inputs, mamba2_positional
 from ssm_kernels import mamba2_scan
 from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
@@ -154,6 +156,22 @@ def test_a_workspace_serves_consecutive_passes(device, monkeypatch):
     once = new_workspace(*calls[-1])  # one pass on a fresh workspace: each flag at its producers' count
     tk.run_chunked_triton(*calls[-1], once)
     assert bool((once.flags > 0).all()) and torch.equal(ws.flags, 3 * once.flags), "every flag raised by each pass"
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("j", test_nonfinite.BAD_TOKENS)
+@pytest.mark.parametrize("value", list(test_nonfinite.VALUES))
+@pytest.mark.parametrize("name", list(test_nonfinite.MAMBA2_CASES))
+def test_a_bad_token_reaches_only_itself_and_later(name, value, j):
+    """test_nonfinite's Mamba-2 cases on the fused pass, whose output programs keep a non-finite x
+    of the diagonal block out of its matmul themselves (the five stages leave that to a fix-up
+    launch, which the fused pass does not have)."""
+    test_nonfinite._clean.cache_clear()  # the clean passes compared with are the fused pass's too
+    try:
+        test_nonfinite.test_bad_token_reaches_only_itself_and_later("mamba2", name, value, j, "chunked", "triton")
+    finally:
+        test_nonfinite._clean.cache_clear()
 
 
 # The chunked scan's tests, run here with the fused pass (the fixture above), after this module's

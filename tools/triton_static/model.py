@@ -573,6 +573,12 @@ def _executions(loop: Loop, lines: dict[str, float]) -> tuple[float | None, list
     chained = [i for i in own if i.chain]
     if lines and chained and all(_in_untaken_branch(i.where, files, ran) for i in chained):
         return 0.0, []  # in a helper's run-time branch that never ran at its call site
+    # A pipelined loop's instructions may carry no call sites (its line counts then lend it the
+    # count of whichever copy of the helper ran): one whose instructions that do carry them all
+    # lie in a run-time branch that never ran is that branch's copy.
+    sited = [i for i in chained if "<" in i.where]
+    if lines and sited and all(_in_untaken_branch(i.where, files, ran) for i in sited):
+        return 0.0, []
     body = [i for i in own if i.chain and not _on_for_line(i.where)]
     if lines and body and all(_in_unentered_loop(i.where, lines, ran) for i in body):
         return 0.0, []  # its body never ran

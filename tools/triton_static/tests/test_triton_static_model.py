@@ -237,6 +237,34 @@ def test_a_loop_in_a_helper_s_untaken_branch_runs_zero_times():
     assert model._executions(loop, taken)[0] == 32.0
 
 
+def test_a_pipelined_loop_in_an_untaken_copy_of_a_helper_runs_zero_times():
+    """sum_if_positive inlined twice: at one call site its branch never ran, at another it did. A
+    pipelined loop's instructions may carry no call site (body, below), and _line_count lends them
+    the count of the copy that ran; the untaken copy's loop, whose instructions that do carry one
+    all lie in its untaken branch, still runs 0 times, the other its own lines' median."""
+    import toy_kernels
+    from triton_static.sass import Loop
+    path = toy_kernels.__file__
+    lines, header = inspect.getsourcelines(toy_kernels.sum_if_positive.fn)
+    test, head, body = (header + next(i for i, text in enumerate(lines) if text.strip().startswith(start))
+                        for start in ("if flag", "for i", "total +="))
+    untaken_call = inspect.getsourcelines(toy_kernels.row_sum)[1] + 1  # lines standing for two call sites
+    taken_call = untaken_call + 1
+
+    def loop_at(call):
+        chains = [((path, head), (path, call)), ((path, body),), ((path, body),)]
+        return Loop(start=0, end=48, instrs=[Instr(16 * k, "", "IADD3", ["R1", "R1", "0x1", "RZ"], chain)
+                                             for k, chain in enumerate(chains)])
+
+    def key(*chain):
+        return "<".join(source_key(path, line) for line in chain)
+    counts = {key(untaken_call): 8.0, key(test, untaken_call): 8.0, key(taken_call): 8.0,
+              key(test, taken_call): 8.0, key(head, taken_call): 4.0, key(body, taken_call): 32.0}
+    assert model._line_count(loop_at(untaken_call).instrs[1], counts) == 32.0  # the copy that ran
+    assert model._executions(loop_at(untaken_call), counts)[0] == 0.0
+    assert model._executions(loop_at(taken_call), counts)[0] == 32.0
+
+
 def test_code_after_a_skipped_loop_placed_in_its_range_does_not_lend_it_its_count():
     """The row sum's loop (toy_kernels: `for` on line 19, body 20-21, inlined at line 40) never
     entered, with two instructions of the store after it (line 22, run by every program) that the
