@@ -178,8 +178,9 @@ def test_a_bad_token_reaches_only_itself_and_later(name, value, j):
 # own (a GPU run cut short has run those first).
 from test_chunked import (test_all_options_against_float64, test_captures_leave_y_and_final_states_bitwise_unchanged,  # noqa: E402,F401,E501
                           test_duplicate_and_unordered_captures_land_in_their_rows, test_inner_captures_of_16bit_passes,
-                          test_model_size_on_gpu, test_only_empty_sequences, test_variants,
-                          test_varlen_with_empty_and_one_token_sequences, test_warm_restore_matches_cold_run)
+                          test_model_size_on_gpu, test_one_token_passes_of_16bit_inputs, test_only_empty_sequences,
+                          test_variants, test_varlen_with_empty_and_one_token_sequences,
+                          test_warm_restore_matches_cold_run)
 from test_chunked_grid import (test_passes_on_the_absolute_grid_of_a_sequence_that_starts_off_it,  # noqa: E402,F401
                                test_real_tiles_split_at_the_default_chunk, test_split_at_a_grid_point_is_bit_identical,
                                test_varlen_batch_of_sequences_resumed_at_different_grid_points)

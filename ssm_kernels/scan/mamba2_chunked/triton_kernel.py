@@ -67,7 +67,8 @@ itself never tests x (the fused pass's output programs test every block).
 
 Matmuls: bfloat16 and float16 inputs multiply in bfloat16 (MATMUL_DTYPES: float16's range is too
 small for the chunk-start states and C B^T) with float32 accumulation (tensor cores: wgmma on
-Hopper at the tiles of launch_config); float32 inputs multiply in IEEE float32
+Hopper at the tiles of launch_config), but for C B^T, whose operands are the inputs B and C and
+multiply in their own dtype (cb_dot_dtype); float32 inputs multiply in IEEE float32
 (input_precision="ieee": FMA, not tf32, whose 10-bit mantissa would miss the 1e-4 accuracy).
 The state carried from chunk to chunk is float32; each chunk's own contribution to it, and an
 inner capture's partial, are rounded once to the matmul dtype on the way (16-bit passes), within
@@ -228,8 +229,9 @@ def _dt_cumsum_kernel(dt_ptr, A_ptr, dt_bias_ptr, chunks_ptr, dt_out_ptr, cs_out
 @triton.jit
 def _chunk_cb_program(i_c, i_g, i_m, i_k, B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
                       s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-                      CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Stage 2's program for chunk i_c, group i_g and block (i_m, i_k) of C B^T."""
+                      CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CB_DOT_DTYPE: tl.constexpr):
+    """Stage 2's program for chunk i_c, group i_g and block (i_m, i_k) of C B^T, multiplied in
+    CB_DOT_DTYPE (cb_dot_dtype)."""
     if i_k <= i_m:  # blocks above the diagonal are never read
         i_b, t0, n_tok, _ = _chunk_span(chunks_ptr, i_c)
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -244,7 +246,7 @@ def _chunk_cb_program(i_c, i_g, i_m, i_k, B_ptr, C_ptr, chunks_ptr, cb_ptr, dsta
                           other=0.0)  # [BM, BD]
             b_BT = tl.load(p_BT + (d0 + o_d)[:, None] * s_B_n, mask=m_d[:, None] & (o_k < n_tok)[None, :],
                            other=0.0)  # [BD, BK]
-            acc += _dot(b_C, b_BT, DOT_DTYPE)
+            acc += _dot(b_C, b_BT, CB_DOT_DTYPE)
         # Zeros above the diagonal: a NaN in a later token's B must not reach an earlier row
         # through the output kernel's zero decay.
         acc = tl.where((o_m[:, None] >= o_k[None, :]) | (i_k < i_m), acc, 0.0)
@@ -255,7 +257,7 @@ def _chunk_cb_program(i_c, i_g, i_m, i_k, B_ptr, C_ptr, chunks_ptr, cb_ptr, dsta
 @triton.jit
 def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n,
-                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CB_DOT_DTYPE: tl.constexpr):
     # Axis 1 numbers the blocks on and below the diagonal row by row: block (i_m, i_k) is
     # i_m (i_m + 1) / 2 + i_k, so i_m counts the rows that end at or before i_t.
     i_t = tl.program_id(1)
@@ -263,7 +265,7 @@ def _chunk_cb_kernel(B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
     i_m = tl.sum(((o + 1) * (o + 2) // 2 <= i_t).to(tl.int32))
     _chunk_cb_program((tl.program_id(0) // ngroups).to(tl.int64), (tl.program_id(0) % ngroups).to(tl.int64),
                       i_m, i_t - i_m * (i_m + 1) // 2, B_ptr, C_ptr, chunks_ptr, cb_ptr, dstate, ngroups,
-                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, DOT_DTYPE)
+                      s_B_b, s_B_t, s_B_g, s_B_n, s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, BLOCK_D, CB_DOT_DTYPE)
 
 
 @triton.jit
@@ -760,7 +762,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                        CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, CB_BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                        PASS_BLOCK: tl.constexpr, WALK_ROWS: tl.constexpr, N_PN: tl.constexpr, N_PASS: tl.constexpr,
-                       N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                       N_MP: tl.constexpr, DOT_DTYPE: tl.constexpr, CB_DOT_DTYPE: tl.constexpr):
     """Stages 2 to 5 in one launch (stage2to5_fused). A program takes a ticket and runs the work
     it names, after waiting on the flags of the programs it reads from, all of which took earlier
     tickets and so are running or done: no program waits on one that may never start.
@@ -838,7 +840,7 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                 i_mk = r_cb % (NM * NM)
                 _chunk_cb_program(g.to(tl.int64), (r_cb // (NM * NM)).to(tl.int64), i_mk // NM, i_mk % NM, B_ptr,
                                   C_ptr, chunks_ptr, cb_ptr, dstate, ngroups, s_B_b, s_B_t, s_B_g, s_B_n,
-                                  s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, CB_BLOCK_D, DOT_DTYPE)
+                                  s_C_b, s_C_t, s_C_g, s_C_n, CHUNK, BLOCK_M, CB_BLOCK_D, CB_DOT_DTYPE)
                 _raise_heads(flags_ptr + g * nheads + r_cb // (NM * NM) * heads_per_group, heads_per_group,
                              RAISE_BLOCK)
     else:  # an empty sequence's final state: its initial state
@@ -858,10 +860,19 @@ def _fused_pass_kernel(x_ptr, B_ptr, C_ptr, D_ptr, z_ptr, y_ptr, dt_ptr, cs_ptr,
                          s_out_p, s_out_n, end_bounds_ptr, end_entries_ptr, capture_rows_ptr, skip_slot, HAS_SKIP)
 
 
-_DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+_DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # The matmul dtype of each input dtype. float16 multiplies in bfloat16: C B^T and the chunk-start
 # states, stored and multiplied in it, may pass float16's 65504 where y does not.
 MATMUL_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.bfloat16, torch.float16: torch.bfloat16}
+
+
+def cb_dot_dtype(p: ScanProblem) -> dict:
+    """C B^T's operands, as the kernels take them: in B's and C's own dtype where they share one,
+    else in float32. Their products are then exact in the float32 accumulator (stored in the
+    matmul dtype, as before). Rounded to bfloat16, float16 inputs lost 3 bits an operand, and a
+    dot over dstate that cancels magnifies that: y of a 1-token float16 pass, C B^T its one
+    weight, came out 5e-2 RMS-relative off float64."""
+    return dict(CB_DOT_DTYPE=_DOT_DTYPES[p.B.dtype if p.B.dtype == p.C.dtype else torch.float32])
 
 
 @functools.lru_cache(maxsize=None)
@@ -995,7 +1006,8 @@ def stage2_chunk_cb(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
     nm = tables.chunk_size // ws.cfg["BLOCK_M"]
     launch(_chunk_cb_kernel, (tables.nchunks * ngroups, nm * (nm + 1) // 2),
         p.B, p.C, tables.chunks, ws.cb, dstate, ngroups, *p.B.stride(), *p.C.stride(),
-        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["CB_BLOCK_D"], **ws.dot, **ws.cfg["cb"])
+        CHUNK=tables.chunk_size, BLOCK_M=ws.cfg["BLOCK_M"], BLOCK_D=ws.cfg["CB_BLOCK_D"], **cb_dot_dtype(p),
+        **ws.cfg["cb"])
 
 
 def stage3_chunk_state(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
@@ -1130,7 +1142,7 @@ def stage2to5_fused(p: ScanProblem, tables: ChunkTables, ws: Workspace) -> None:
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"], CB_BLOCK_D=cfg["CB_BLOCK_D"],
         EVEN_D=dstate % cfg["BLOCK_D"] == 0, PASS_BLOCK=cfg["PASS_BLOCK"],
         WALK_ROWS=min(cfg["BLOCK_P"], max(1, cfg["PASS_BLOCK"] // cfg["BLOCK_N"])),
-        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cfg["output"])
+        N_PN=counts.n_pn, N_PASS=counts.n_pass, N_MP=counts.n_mp, **ws.dot, **cb_dot_dtype(p), **cfg["output"])
 
 
 STAGES = (stage1_dt_cumsum, stage2_chunk_cb, stage3_chunk_state, stage4_state_passing, stage5_chunk_output)
