@@ -5,6 +5,7 @@ bench.static writes), merging a partial run into a report, and the JSON's roundi
     python -m bench.static_report DIR --calibration   # the model against the GPU runs (bench.static_calibration)
     python -m bench.static_report DIR --write-md      # static.md again from static.json
     python -m bench.static_report DIR --one-launch-floor  # the chunked pass in one launch, at best
+    python -m bench.static_report DIR --captures      # the README's table of what captures cost
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from . import static_calibration
 from .common import fmt, markdown_table, text_table
+from .static_workloads import SHAPES
 
 LABEL = "static model, not measured"
 
@@ -157,6 +159,52 @@ def readme_block(data: dict) -> str:
                         "ours / peer", "serial ms", "ours / peer, serial"], rows)])
 
 
+# The chunked Mamba-2 paths whose captures the README's capture table weighs: each path's call
+# without captures and the bytes of a captured state's element (mamba2_scan stores float32; the
+# engine op stores into a bfloat16 cache).
+CAPTURE_PATHS = (("mamba2_scan chunked", 4), ("mamba2_prefill chunked, bf16 cache", 2),
+                 ("mamba2_scan chunked, fused", 4))
+
+
+def captures_block(data: dict) -> str:
+    """The README's table of what captures cost: for each chunked path, shape and size its time
+    without captures, with 8 inside chunks and with 8 at chunk starts, each capture kind's added
+    time as a share of the pass and as a multiple of its own bytes' time at HBM bandwidth (a
+    captured state written once: the floor no design beats)."""
+    calls = {(c["workload"], c["shape"], c["size"]): c for c in data["calls"]}
+    hbm = data["gpu_model"]["hbm_bytes_per_s"]
+    rows = []
+    for shape, size in sorted({(c["shape"], c["size"]) for c in data["calls"]},
+                              key=lambda k: (list(SHAPES).index(k[0]) if k[0] in SHAPES else len(SHAPES), k[1])):
+        for path, element_bytes in CAPTURE_PATHS:
+            base = calls.get((path, shape, size))
+            if base is None:
+                continue
+            dims = SHAPES[shape]
+            floor_ms = 8 * dims.nheads * dims.headdim * dims.dstate * element_bytes / hbm * 1e3
+
+            def added(suffix):
+                c = calls.get((f"{path} + {suffix}", shape, size))
+                if c is None:
+                    return "-"
+                extra = c["time_ms"] - base["time_ms"]
+                return (f"{fmt(c['time_ms'])} (+{100 * extra / base['time_ms']:.1f}%; "
+                        f"{fmt(extra / floor_ms)}x)")
+
+            peer = base["peer"]
+            rows.append([shape, size, f"`{path}`", fmt(base["time_ms"]), added("8 captures"),
+                         added("8 grid captures"), fmt(floor_ms * 1e3), fmt(peer["time_ms"]) if peer.get("available")
+                         else "-"])
+    return "\n".join([
+        f"Captures on the chunked path ({LABEL}; {data['date']}, {commits(data)}, model {data.get('model_version')}); "
+        "bfloat16, batch 1; `mamba2_scan` stores captures in float32, the engine op `mamba2_prefill` into a "
+        "bfloat16 state cache; inner captures at offsets 16, 48, ..., 240 into 8 chunks, grid captures at the same "
+        "chunks' starts. Each figure: ms, the share of the pass it adds, and the added time over its bytes' time "
+        "at HBM bandwidth (a captured state written once):", "",
+        markdown_table(["shape", "tokens", "path", "ms", "+ 8 captures", "+ 8 grid captures",
+                        "8 states' bytes at HBM bandwidth, us", "peer ms (mamba_chunk_scan_combined)"], rows)])
+
+
 # The five-stage chunked Mamba-2 pass: stage 1 stays a launch of its own in any one-launch design
 # (docs/chunked.md, "Stage 1 apart"); the walk is what such a design changes; the output kernel's
 # residency is the one launch's (its register cap).
@@ -237,6 +285,8 @@ def main(argv=None) -> int:
     parser.add_argument("--one-launch-floor", action="store_true",
                         help="print what the chunked pass would take in one launch of the five stages' programs "
                              "(one_launch_floor)")
+    parser.add_argument("--captures", action="store_true",
+                        help="print the README's table of what captures cost on the chunked paths (captures_block)")
     args = parser.parse_args(argv)
     data = json.loads((args.dir / "static.json").read_text())
     if args.write_md:
@@ -246,6 +296,8 @@ def main(argv=None) -> int:
         print(static_calibration.table(data))
     elif args.one_launch_floor:
         print(one_launch_floor(data))
+    elif args.captures:
+        print(captures_block(data))
     else:
         print(readme_block(data) if args.readme else "\n".join(summary_lines(data)))
     return 0

@@ -371,6 +371,37 @@ def test_one_launch_floor_by_hand():
                            f"{output / 0.25:.3g}", "0.25"]
 
 
+def test_captures_block_by_hand():
+    """What captures cost: each capture kind's added time as a share of its path's pass and over
+    8 states' bytes at HBM bandwidth (float32 for mamba2_scan, bfloat16 into the engine's cache);
+    a kind the report lacks is "-"."""
+    from bench.static_report import captures_block
+    from bench.static_workloads import SHAPES
+
+    shape = "Mamba-2 2.7B"
+    dims = SHAPES[shape]
+    state_bytes = 8 * dims.nheads * dims.headdim * dims.dstate
+    hbm = 1e12
+    peer = {"available": True, "time_ms": 1.0}
+
+    def call(workload, ms):
+        return {"workload": workload, "shape": shape, "size": 8192, "time_ms": ms, "peer": peer}
+
+    fp32_ms, bf16_ms = state_bytes * 4 / hbm * 1e3, state_bytes * 2 / hbm * 1e3
+    data = {"gpu_model": {"hbm_bytes_per_s": hbm}, "date": "d", "commit": {"commit": "abc"}, "model_version": "m",
+            "calls": [call("mamba2_scan chunked", 0.5), call("mamba2_scan chunked + 8 captures", 0.5 + 2 * fp32_ms),
+                      call("mamba2_scan chunked + 8 grid captures", 0.5 + fp32_ms),
+                      call("mamba2_prefill chunked, bf16 cache", 0.4),
+                      call("mamba2_prefill chunked, bf16 cache + 8 captures", 0.4 + 3 * bf16_ms)]}
+    rows = [line.split(" | ") for line in captures_block(data).splitlines()[4:]]
+    assert [r[2:6] for r in rows] == [
+        ["`mamba2_scan chunked`", "0.5", f"{0.5 + 2 * fp32_ms:.3g} (+{200 * fp32_ms / 0.5:.1f}%; 2x)",
+         f"{0.5 + fp32_ms:.3g} (+{100 * fp32_ms / 0.5:.1f}%; 1x)"],
+        ["`mamba2_prefill chunked, bf16 cache`", "0.4", f"{0.4 + 3 * bf16_ms:.3g} (+{300 * bf16_ms / 0.4:.1f}%; 3x)",
+         "-"]]
+    assert [r[6] for r in rows] == [f"{fp32_ms * 1e3:.3g}", f"{bf16_ms * 1e3:.3g}"]
+
+
 def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
