@@ -120,15 +120,18 @@ def test_inner_captures_of_16bit_passes(dtype, headdim, dstate, device):
     check(chunked(*args, **kw, backend="triton"), mamba2_scan_ref(*args, **kw), dtype, f"{headdim}x{dstate}")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_token_passes_of_16bit_inputs(dtype, device):
-    """A 1-token pass's y is its one weight, C B^T dt', times x: C B^T multiplies the 16-bit B and
-    C in their own dtype, exactly, so that a dot over dstate that cancels does not magnify their
-    rounding (float16 rounded to bfloat16 put y of some of these passes at 2e-2 to 5e-2)."""
+@pytest.mark.parametrize("dtype, bc_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                             (torch.bfloat16, torch.float32)])
+def test_one_token_passes_of_16bit_inputs(dtype, bc_dtype, device):
+    """A 1-token pass's y is its one weight, C B^T dt', times x: C B^T multiplies B and C in their
+    own dtype, exactly, so that a dot over dstate that cancels does not magnify their rounding
+    (rounded to bfloat16, float16's put y of some of these passes at 2e-2 to 5e-2)."""
     for seed in range(40):
         torch.manual_seed(seed)
         args, kw = mamba2_positional(mamba2_inputs(2, 1, nheads=1, headdim=17, ngroups=1, dstate=64, dtype=dtype,
                                                    device=device))
+        if bc_dtype != dtype:  # B and C of their own dtype, not x's values widened
+            args = args[:3] + tuple(torch.randn(t.shape, device=device, dtype=bc_dtype) for t in args[3:])
         kw = dict(z=kw["z"], dt_bias=kw["dt_bias"], dt_softplus=True)
         got = chunked(*args, **kw, chunk_size=64, start_positions=[63, 63], backend="triton")
         assert_rel_close(got.y, mamba2_scan_ref(*args, **kw).y, TOLERANCE[dtype], f"seed {seed} y")
