@@ -217,13 +217,16 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     results = []
     with tqdm(total=sum(len(t) for t in traces) * len(policies), unit="request",
               file=sys.stderr, delay=1.0, disable=True if args.no_progress else None) as bar:
-        for trace in traces:
-            reports = {
-                policy: simulate(_counted(trace, bar.update), policy=policy,
-                                 cost_model=cost_model, **config)
-                for policy in policies
-            }
-            results.append((trace, reports))
+        try:  # simulate checks its arguments before its first request
+            for trace in traces:
+                reports = {
+                    policy: simulate(_counted(trace, bar.update), policy=policy,
+                                     cost_model=cost_model, **config)
+                    for policy in policies
+                }
+                results.append((trace, reports))
+        except (TypeError, ValueError) as error:
+            parser.error(str(error))
 
     if args.json:
         print(json.dumps({

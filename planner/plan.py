@@ -173,6 +173,13 @@ def block_floored_match(shared_tokens: int, total: int, block_size: int) -> int:
     return usable // block_size * block_size
 
 
+def check_budgets_on_grid(budget: int, first_budget: int | None, grid: int) -> None:
+    """Refuse a pass budget below the grid: such a pass cannot end on it."""
+    for name, value in (("budget", budget), ("first_budget", first_budget)):
+        if value is not None and value < grid:
+            raise ValueError(f"{name} ({value}) must be at least the grid ({grid}), so that passes end on it")
+
+
 def plan_prefill(
     total: int,
     *,
@@ -208,9 +215,7 @@ def plan_prefill(
     check_int("grid", grid, minimum=1)
     if start > total:
         raise ValueError(f"start must be <= total ({total}), got {start}")
-    for name, value in (("budget", budget), ("first_budget", first_budget)):
-        if value is not None and value < grid:  # such a pass cannot end on the grid
-            raise ValueError(f"{name} ({value}) must be at least the grid ({grid}), so that passes end on it")
+    check_budgets_on_grid(budget, first_budget, grid)
     branch_points = _check_branch_points(branch_points, total)
     if branch_points and policy != "free":
         raise ValueError(

@@ -29,7 +29,7 @@ from typing import Hashable, Iterable, Sequence
 
 from ._checks import check_choice, check_int, check_iterable, check_number, check_optional_int, check_tokens
 from .cache import EVICTION_POLICIES, PrefixCache
-from .plan import POLICIES, plan_prefill
+from .plan import POLICIES, check_budgets_on_grid, plan_prefill
 
 DEFAULT_PER_PASS_MS = 868.0
 DEFAULT_PER_TOKEN_MS = (12_500.0 - 2 * DEFAULT_PER_PASS_MS) / 8195
@@ -147,6 +147,7 @@ def simulate(
     check_optional_int("max_snapshots", max_snapshots)
     check_choice("eviction", eviction, EVICTION_POLICIES)
     check_int("grid", grid, minimum=1)
+    check_budgets_on_grid(budget, first_budget, grid)  # here too, for a trace that never plans
     if cost_model is None:
         cost_model = CostModel()
     elif not isinstance(cost_model, CostModel):

@@ -116,6 +116,8 @@ def test_plan_on_a_grid_reports_the_tail_points_it_uses(capsys):
         ["simulate", "--per-pass-ms", "-1"],
         ["simulate", "--per-pass-ms", "inf"],
         ["simulate", "--scale", "0"],
+        ["simulate", "--grid", "16", "--budget", "8", "--no-progress"],
+        ["simulate", "--grid", "16384", "--budget", "16384", "--no-progress"],  # the first budget, 8193, below it
         ["frobnicate"],
     ],
 )

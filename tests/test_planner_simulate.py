@@ -181,6 +181,12 @@ def test_simulate_rejects_bad_arguments(kwargs, error, name):
         simulate([[1, 2, 3]], **args)
 
 
+@pytest.mark.parametrize("trace", [[], [[1, 2, 3]]])
+def test_simulate_refuses_budgets_below_the_grid_before_any_request(trace):
+    with pytest.raises(ValueError, match=r"first_budget \(8\) must be at least the grid \(16\)"):
+        simulate(trace, policy="split", block_size=16, budget=16, first_budget=8, grid=16)
+
+
 def test_simulate_rejects_bad_requests():
     with pytest.raises(ValueError, match="request 1"):
         simulate([[1, 2], []], policy="split", block_size=16, budget=64)
