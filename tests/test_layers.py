@@ -72,7 +72,9 @@ def _row_ops(dtype, device):
     """(name, input widths, function) of the ops the layers and the served model run as rows."""
     torch.manual_seed(1)
     ops = []
-    for k, n in ((32, 292), (64, 5), (24, 100), (256, 600)):  # projections, odd and wide ones too
+    # projections, odd and wide ones too; inner widths not a multiple of 4 (6, 13) rounded a row by
+    # its place in a float32 GEMM tile before exact_linear padded them
+    for k, n in ((32, 292), (64, 5), (24, 100), (256, 600), (6, 8), (13, 40)):
         linear = torch.nn.Linear(k, n, bias=n % 2 == 0, dtype=dtype, device=device)
         ops.append((f"linear {k}->{n}", (k,), lambda x, f=linear: exact_linear(f, x)))
     for width, group in ((128, 64), (600, 600), (70, 35)):
@@ -115,11 +117,13 @@ def test_elementwise_tiles_are_whole_vector_steps_on_one_thread():
 
 
 def test_exact_row_ops_keep_leading_shapes_and_empty_inputs():
-    linear = torch.nn.Linear(8, 3)
-    x = torch.randn(2, 5, 8)
-    assert exact_linear(linear, x).shape == (2, 5, 3)
-    assert exact_linear(linear, x[:, :0]).shape == (2, 0, 3)
-    assert_rel_close(exact_linear(linear, x), linear(x).detach().double(), 1e-6, "tiled == plain to rounding")
+    for k in (8, 6):  # 6: padded to INNER_STEP
+        linear = torch.nn.Linear(k, 3)
+        x = torch.randn(2, 5, k)
+        assert exact_linear(linear, x).shape == (2, 5, 3)
+        assert exact_linear(linear, x[:, :0]).shape == (2, 0, 3)
+        assert_rel_close(exact_linear(linear, x), linear(x).detach().double(), 1e-6,
+                         "tiled == plain to rounding")
 
 
 # -------------------------------------------------------------------------------------------

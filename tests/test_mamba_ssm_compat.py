@@ -165,6 +165,15 @@ def test_chunk_scan_seq_idx_without_cu_seqlens(device):
         assert_rel_close(final[row:row + 1], ref.final_states, TOL, f"row {row} final state")
 
 
+def test_chunk_scan_refuses_initial_states_where_cu_seqlens_opens_with_an_empty_sequence():
+    """cu_seqlens [0, 0, 6]: the row's tokens are all labelled 1, as without cu_seqlens: refused,
+    not served with the initial state on the empty sequence and dropped from the tokens."""
+    kw = mamba2_inputs(1, 6)
+    with pytest.raises(ValueError, match="row 0 starts with seq_idx 1"):
+        mamba_chunk_scan_combined(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 4, initial_states=kw["initial_states"],
+                                  seq_idx=torch.ones(1, 6, dtype=torch.int32), cu_seqlens=torch.tensor([0, 0, 6]))
+
+
 @pytest.mark.parametrize("labels", [[1, 1, 1, 2, 2, 2], [-1, -1, 0, 0, 0, 0]])
 def test_chunk_scan_refuses_initial_states_for_a_row_without_label_0_first(labels):
     """Where the row's first sequence is not labelled 0, mamba_ssm drops the initial state or

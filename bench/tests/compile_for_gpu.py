@@ -50,7 +50,8 @@ def duplicated_reductions(kernel) -> list[str]:
 
 
 def representative_calls() -> None:
-    """Every public function with every optional input on and off, odd sizes, both dtypes."""
+    """Every public function with every optional input on and off, odd sizes, both dtypes (float16 where
+    it compiles otherwise)."""
     from ssm_kernels import causal_conv1d, causal_conv1d_update, mamba1_scan, mamba2_scan, selective_state_update
     from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass
 
@@ -100,6 +101,14 @@ def representative_calls() -> None:
                           cu_seqlens=torch.tensor([0, 20, 50]), capture=[(0, 3), (1, 30)], backend="triton")
             causal_conv1d_update(conv_x[:, :, 0], torch.randn(3, 96, width - 1).to(dtype), weight, activation="silu",
                                  backend="triton")
+    # float16 chunked Mamba-2 at the common size, five stages and fused: C B^T multiplies in float16
+    # (cb_dot_dtype), the other matmuls in bfloat16.
+    x, B = torch.randn(1, 40, 8, 64).half(), torch.randn(1, 40, 1, 128).half()
+    args = (x, torch.randn(1, 40, 8).half(), -torch.rand(8), B, torch.randn_like(B))
+    for fused in (False, True):
+        with fused_pass(fused):
+            mamba2_scan(*args, D=torch.randn(8), z=torch.randn_like(x), dt_softplus=True, capture=[(0, 5)],
+                        backend="triton", algorithm="chunked", chunk_size=256)
 
 
 def main() -> int:

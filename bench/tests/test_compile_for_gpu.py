@@ -33,10 +33,11 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert lines[-1].endswith("0 differ from the cubin's registers; 0 spill more than 64 B; "
                               "0 compute a scan or reduction twice"), lines[-1]
     kernels = {line.split()[1].rstrip(":") for line in lines if line.startswith("ok ")}
-    # the chunked Mamba-2 matmul stages on 16-bit operands at a full 256-token chunk, in tiles of at
-    # least 64 rows (a warpgroup's): Hopper's wgmma
+    # the chunked Mamba-2 matmul stages on 16-bit operands (bfloat16, or float16 for C B^T) at a full
+    # 256-token chunk, in tiles of at least 64 rows (a warpgroup's): Hopper's wgmma
     matmuls = [line for line in lines if line.split()[1].rstrip(":") in MATMUL_STAGES and "CHUNK=256" in line
-               and "DOT_DTYPE=bf16" in line and _tile_rows(line) >= 64]
+               and ("DOT_DTYPE=bf16" in line or "DOT_DTYPE=fp16" in line) and _tile_rows(line) >= 64]
+    assert any("CB_DOT_DTYPE=fp16" in line for line in matmuls), "no float16 C B^T compiled"
     assert matmuls and all(", MMA wgmma " in line for line in matmuls), [m for m in matmuls if "wgmma" not in m]
     assert kernels == {"_scan_kernel", "_dt_table_kernel", "_mamba1_chunk_kernel", "_stage_bc_kernel", "_conv_kernel",
                        "_dt_cumsum_kernel", "_chunk_cb_kernel", "_chunk_state_kernel", "_state_passing_kernel",

@@ -161,7 +161,8 @@ def _packed_sequences(seq_idx, cu_seqlens, batch, seqlen, device):
         bounds = seqs.host_bounds()
         _check_seq_idx(seq_idx, bounds)
         last = max((s for s, n in enumerate(seqs.lengths) if n > 0), default=0)
-        return bounds, [0], [last], [True]
+        # an empty first sequence leaves the row's first token labelled 1 or more: refused as without cu_seqlens
+        return bounds, [0], [last], [not seqlen or int(seq_idx[0, 0]) == 0]
     labels = seq_idx.to("cpu", torch.int64)
     steps = labels[:, 1:] - labels[:, :-1]
     if bool((steps < 0).any()):

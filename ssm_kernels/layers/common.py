@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import NamedTuple, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .._common import (BACKENDS, FLOAT_DTYPES, check_bool, check_fits, check_int, check_tensor, check_tensor_args,
@@ -165,9 +166,12 @@ class SSMMixer(nn.Module):
         return (f"{type(self).__name__} (conv state {self.conv_state_shape}, "
                 f"SSM state {self.ssm_state_shape})")
 
-    def _linear(self, linear, x):
-        """A projection over x (..., in): batch-invariant tiles when exact, else one batched call."""
-        return exact_linear(linear, x) if self.exact else linear(x)
+    def _linear(self, linear, x, bias=True):
+        """A projection (an nn.Linear, its bias left out where not `bias`) over x (..., in):
+        batch-invariant tiles when exact, else one batched call."""
+        if self.exact:
+            return exact_linear(linear, x, bias)
+        return linear(x) if bias else F.linear(x, linear.weight)
 
     def _rowwise(self, fn, *xs):
         """A per-row function (a norm, a gate): batch-invariant tiles when exact, else one call."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..conv import causal_conv1d, causal_conv1d_update
@@ -88,7 +87,7 @@ class Mamba1Mixer(SSMMixer):
         """(..., intermediate) conv outputs -> dt (..., intermediate), B, C (..., state_size)."""
         dt, B, C = self._linear(self.x_proj, u).split(
             [self.time_step_rank, self.ssm_state_size, self.ssm_state_size], dim=-1)
-        dt = self._linear(lambda r: F.linear(r, self.dt_proj.weight), dt)
+        dt = self._linear(self.dt_proj, dt, bias=False)  # its bias is the scan's delta_bias
         return dt, B, C
 
     def _scan_args(self, u, dt, B, C, gate):

@@ -10,8 +10,11 @@ fixes both but is a Python loop per token. Instead every call here sees fresh ze
 of one fixed shape (rows, width): the op's path is the same for every tile, and within a tile
 each row is computed by the same code as every other row:
 
-- GEMMs (``exact_linear``): tiles of ``TILE_ROWS`` rows. A fixed-shape GEMM reduces each output
-  element over the inner dimension in one order, whichever row it is in.
+- GEMMs (``exact_linear``): tiles of ``TILE_ROWS`` rows, the inner dimension zero-padded to a
+  multiple of ``INNER_STEP``. A fixed-shape GEMM then reduces each output element over the inner
+  dimension in one order, whichever row it is in. Not without the padding: on an AVX-512 CPU,
+  float32, an inner dimension that is not a multiple of 4 (5, 6, 7, 9, ...) rounded a row by its
+  place in the tile (1.5e-8 at width 6).
 - Elementwise and per-row reductions (``exact_rowwise``): tiles whose element count is a multiple
   of 64 (no vector tail in ATen's CPU loops, which step 2 vectors of up to 32 elements) and at
   most ``SERIAL_ELEMENTS`` (ATen's grain size: one thread, no split), down to one row for very
@@ -25,8 +28,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 TILE_ROWS = 64  # rows per GEMM tile
+INNER_STEP = 16  # a GEMM's inner dimension is padded to a multiple of this (see exact_linear's note)
 SERIAL_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: an elementwise op over fewer runs on one thread
 VECTOR_STEP = 64  # ATen's CPU loops step 2 vectors; 32 elements per vector for 16-bit types on AVX-512
 
@@ -63,9 +68,14 @@ def row_tiles(fn: Callable[..., torch.Tensor], *xs: torch.Tensor, rows: int) -> 
     return out.reshape(*lead, *out.shape[1:])
 
 
-def exact_linear(linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """A Linear (or any GEMM-only function of the rows) over x (..., in), batch-invariant."""
-    return row_tiles(linear, x, rows=TILE_ROWS)
+def exact_linear(linear: torch.nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+    """A Linear (its weight and, where `bias`, its bias) over x (..., in), batch-invariant: the
+    inner dimension zero-padded to a multiple of INNER_STEP, in tiles of TILE_ROWS rows."""
+    weight, b = linear.weight, linear.bias if bias else None
+    pad = -weight.shape[1] % INNER_STEP
+    if pad:
+        x, weight = F.pad(x, (0, pad)), F.pad(weight, (0, pad))
+    return row_tiles(lambda rows: F.linear(rows, weight, b), x, rows=TILE_ROWS)
 
 
 def exact_rowwise(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
