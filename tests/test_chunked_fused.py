@@ -47,7 +47,7 @@ def test_mamba2_chunked_prefill_on_an_engines_cache(device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_captures_into_a_cache_of_the_inputs_16_bit_dtype(dtype, device):
-    """A 16-bit pass into a cache of its own dtype (a float16 pass multiplies in bfloat16): the
+    """A 16-bit pass into a cache of its own dtype (a float16 pass multiplies in bfloat16, but C B^T): the
     fused pass's cache and y hold the five stages' bits, an inner capture in a sequence's first
     chunk included, whose slot the final state overwrites, and captures into the skip slot
     declined."""

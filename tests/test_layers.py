@@ -124,6 +124,8 @@ def test_exact_row_ops_keep_leading_shapes_and_empty_inputs():
         assert exact_linear(linear, x[:, :0]).shape == (2, 0, 3)
         assert_rel_close(exact_linear(linear, x), linear(x).detach().double(), 1e-6,
                          "tiled == plain to rounding")
+    with pytest.raises(TypeError, match="linear must be an nn.Linear"):
+        exact_linear(lambda r: r, x)
 
 
 # -------------------------------------------------------------------------------------------

@@ -46,22 +46,20 @@ def tile_rows(width: int) -> int:
     return rows
 
 
-def row_tiles(fn: Callable[..., torch.Tensor], *xs: torch.Tensor, rows: int) -> torch.Tensor:
+def row_tiles(fn: Callable[..., torch.Tensor], *xs: torch.Tensor, rows: int, width: int | None = None) -> torch.Tensor:
     """``fn`` over the last-dimension rows of ``xs`` (same leading shape), in fresh zero-padded
-    tiles of ``rows`` rows; the padding rows' results are dropped."""
+    tiles of ``rows`` rows (and ``width`` columns where given, zeros past each x's own); the
+    padding rows' results are dropped."""
     lead = xs[0].shape[:-1]
     flat = [x.reshape(-1, x.shape[-1]) for x in xs]
     count = flat[0].shape[0]
-    if count == 0:
-        out = fn(*flat)
-        return out.reshape(*lead, *out.shape[1:])
     tiles = []
-    for start in range(0, count, rows):
+    for start in range(0, max(count, 1), rows):
         stop = min(start + rows, count)
         args = []
         for f in flat:
-            tile = f.new_zeros(rows, f.shape[1])
-            tile[:stop - start] = f[start:stop]
+            tile = f.new_zeros(rows if count else 0, width or f.shape[1])
+            tile[:stop - start, :f.shape[1]] = f[start:stop]
             args.append(tile)
         tiles.append(fn(*args)[:stop - start])
     out = torch.cat(tiles)
@@ -71,11 +69,14 @@ def row_tiles(fn: Callable[..., torch.Tensor], *xs: torch.Tensor, rows: int) -> 
 def exact_linear(linear: torch.nn.Linear, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
     """A Linear (its weight and, where `bias`, its bias) over x (..., in), batch-invariant: the
     inner dimension zero-padded to a multiple of INNER_STEP, in tiles of TILE_ROWS rows."""
-    weight, b = linear.weight, linear.bias if bias else None
-    pad = -weight.shape[1] % INNER_STEP
-    if pad:
-        x, weight = F.pad(x, (0, pad)), F.pad(weight, (0, pad))
-    return row_tiles(lambda rows: F.linear(rows, weight, b), x, rows=TILE_ROWS)
+    weight = getattr(linear, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+        raise TypeError(f"linear must be an nn.Linear (a 2-D weight, a bias or None), got {type(linear).__name__}")
+    b = linear.bias if bias else None
+    width = weight.shape[1] + -weight.shape[1] % INNER_STEP
+    if width != weight.shape[1]:
+        weight = F.pad(weight, (0, width - weight.shape[1]))
+    return row_tiles(lambda rows: F.linear(rows, weight, b), x, rows=TILE_ROWS, width=width)
 
 
 def exact_rowwise(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
