@@ -10,6 +10,7 @@ bench.static writes), merging a partial run into a report, and the JSON's roundi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -174,27 +175,25 @@ def captures_block(data: dict) -> str:
     calls = {(c["workload"], c["shape"], c["size"]): c for c in data["calls"]}
     hbm = data["gpu_model"]["hbm_bytes_per_s"]
     rows = []
-    for shape, size in sorted({(c["shape"], c["size"]) for c in data["calls"]},
-                              key=lambda k: (list(SHAPES).index(k[0]) if k[0] in SHAPES else len(SHAPES), k[1])):
-        for path, element_bytes in CAPTURE_PATHS:
-            base = calls.get((path, shape, size))
-            if base is None:
-                continue
-            dims = SHAPES[shape]
-            floor_ms = 8 * dims.nheads * dims.headdim * dims.dstate * element_bytes / hbm * 1e3
+    for (shape, dims), size, (path, element_bytes) in itertools.product(
+            SHAPES.items(), sorted({c["size"] for c in data["calls"]}), CAPTURE_PATHS):
+        base = calls.get((path, shape, size))
+        if base is None:
+            continue
+        floor_ms = 8 * dims.nheads * dims.headdim * dims.dstate * element_bytes / hbm * 1e3
 
-            def added(suffix):
-                c = calls.get((f"{path} + {suffix}", shape, size))
-                if c is None:
-                    return "-"
-                extra = c["time_ms"] - base["time_ms"]
-                return (f"{fmt(c['time_ms'])} (+{100 * extra / base['time_ms']:.1f}%; "
-                        f"{fmt(extra / floor_ms)}x)")
+        def added(suffix):
+            c = calls.get((f"{path} + {suffix}", shape, size))
+            if c is None:
+                return "-"
+            extra = c["time_ms"] - base["time_ms"]
+            return (f"{fmt(c['time_ms'])} (+{100 * extra / base['time_ms']:.1f}%; "
+                    f"{fmt(extra / floor_ms)}x)")
 
-            peer = base["peer"]
-            rows.append([shape, size, f"`{path}`", fmt(base["time_ms"]), added("8 captures"),
-                         added("8 grid captures"), fmt(floor_ms * 1e3), fmt(peer["time_ms"]) if peer.get("available")
-                         else "-"])
+        peer = base["peer"]
+        rows.append([shape, size, f"`{path}`", fmt(base["time_ms"]), added("8 captures"),
+                     added("8 grid captures"), fmt(floor_ms * 1e3), fmt(peer["time_ms"]) if peer.get("available")
+                     else "-"])
     return "\n".join([
         f"Captures on the chunked path ({LABEL}; {data['date']}, {commits(data)}, model {data.get('model_version')}); "
         "bfloat16, batch 1; `mamba2_scan` stores captures in float32, the engine op `mamba2_prefill` into a "
