@@ -15,7 +15,7 @@ engine plans with that grid (``HybridConfig.scan_grid``), so passes start and sn
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -29,8 +29,10 @@ LOGITS = ("all", "last")
 
 
 class KVBlockStore:
-    """Attention keys and values of full token blocks, in a trie keyed by the blocks' tokens (a
-    block's KV depends on every token before it, so a block is found by its whole prefix).
+    """Attention keys and values of token blocks, in a trie keyed by the blocks' tokens (a block's
+    KV depends on every token before it, so a block is found by its whole prefix). A block may
+    hold only its first rows: on the chunked scan only the rows below the last grid point a pass
+    reached are the bits any pass computes, and a snapshot there can sit inside a block.
     Blocks are never evicted, as the planner's cache tree models KV as unbounded."""
 
     def __init__(self, block_size: int):
@@ -38,33 +40,54 @@ class KVBlockStore:
         self._root: dict = {}
         self.blocks = 0
 
-    def insert(self, tokens: Sequence[int], kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Store the full blocks of ``tokens`` not yet held; kv: per attention layer, (k, v) rows of
-        at least the full blocks' positions."""
-        node, bs = self._root, self.block_size
-        for start in range(0, len(tokens) // bs * bs, bs):
-            key = tuple(tokens[start:start + bs])
-            if key not in node:
-                node[key] = ([(k[start:start + bs].clone(), v[start:start + bs].clone()) for k, v in kv], {})
+    def insert(self, tokens: Sequence[int], kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               end: int | None = None) -> None:
+        """Store the KV of positions [0, end) (default: every full block of ``tokens``) in the
+        blocks that ``tokens`` fill; kv: per attention layer, (k, v) rows of at least those
+        positions. A block held with fewer rows gets the rest (the rows it holds are kept)."""
+        bs = self.block_size
+        full = len(tokens) // bs * bs
+        end = full if end is None else check_int("end", end, 0, len(tokens))
+        node = self._root
+        for start in range(0, min(end, full), bs):
+            key, rows = tuple(tokens[start:start + bs]), min(bs, end - start)
+            block = node.get(key)
+            if block is None:
+                block = node[key] = _Block([(k[start:start + rows].clone(), v[start:start + rows].clone())
+                                            for k, v in kv], rows)
                 self.blocks += 1
-            node = node[key][1]
+            elif block.rows < rows:
+                more = slice(start + block.rows, start + rows)
+                block.kv = [(torch.cat([bk, k[more]]), torch.cat([bv, v[more]]))
+                            for (bk, bv), (k, v) in zip(block.kv, kv)]
+                block.rows = rows
+            node = block.children
 
     def gather(self, tokens: Sequence[int], end: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Per attention layer, (k, v) of positions [0, end) of ``tokens``; None when a block
-        holding one of them is missing."""
+        holding one of them is missing or holds too few rows."""
         check_int("end", end, 0)
         node, bs = self._root, self.block_size
         blocks = []
         for start in range(0, end, bs):
-            entry = node.get(tuple(tokens[start:start + bs]))
-            if entry is None:
+            block = node.get(tuple(tokens[start:start + bs]))
+            if block is None or block.rows < min(bs, end - start):
                 return None
-            blocks.append(entry[0])
-            node = entry[1]
+            blocks.append(block.kv)
+            node = block.children
         if not blocks:
             return []
         return [(torch.cat([b[i][0] for b in blocks])[:end], torch.cat([b[i][1] for b in blocks])[:end])
                 for i in range(len(blocks[0]))]
+
+
+@dataclass
+class _Block:
+    """A KVBlockStore block: per attention layer, (k, v) of its first ``rows`` positions."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    rows: int
+    children: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -156,10 +179,10 @@ class Engine:
                     on_tokens(p.length)
             # On the chunked scan a token's outputs (so the KV of every layer after a Mamba layer)
             # depend on the pass's length while its chunk is only partly filled: on its grid, only
-            # the blocks below the last grid point the prompt reached are the bits any pass
+            # the rows below the last grid point the prompt reached are the bits any pass
             # computes, and restores (grid points) never need the others.
             grid = self.rules["grid"]
-            self.kv.insert(tokens[:total // grid * grid], self.model.kv_rows(state))
+            self.kv.insert(tokens, self.model.kv_rows(state), end=total // grid * grid)
             handles = {}
             for position, snap in sorted(taken.items()):
                 handles[position] = self._next_handle

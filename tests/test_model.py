@@ -194,6 +194,26 @@ def test_kv_block_store_finds_blocks_by_their_whole_prefix():
     assert store.gather([1, 2, 3, 4], 0) == []
 
 
+def test_kv_block_store_holds_a_block_s_first_rows_up_to_end():
+    """Rows at or past ``end`` are never stored (on the chunked scan they are not yet the bits
+    every pass computes); a block held with fewer rows gets the rest from a later insert."""
+    store = KVBlockStore(block_size=4)
+    k = torch.arange(10.0).view(10, 1, 1)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    store.insert(tokens, [(k, -k)], end=6)
+    assert store.blocks == 2
+    (got,) = store.gather(tokens, 6)
+    assert torch.equal(got[0], k[:6]) and torch.equal(got[1], -k[:6])
+    assert store.gather(tokens, 7) is None  # row 6 was not stored
+    store.insert(tokens, [(k + 100, -k)], end=8)  # rows 4 and 5 are kept, 6 and 7 added
+    (got,) = store.gather(tokens, 8)
+    assert torch.equal(got[0], torch.cat([k[:6], k[6:8] + 100])) and store.blocks == 2
+    store.insert(tokens, [(k, -k)], end=10)  # the trailing partial block [8, 10) is not stored
+    assert store.blocks == 2 and store.gather(tokens, 9) is None
+    with pytest.raises(ValueError, match="end must be an int from 0 to 10, got 11"):
+        store.insert(tokens, [(k, -k)], end=11)
+
+
 # -------------------------------------------------------------------------------------------
 # Serving: warm == cold, bitwise, for every policy
 # -------------------------------------------------------------------------------------------

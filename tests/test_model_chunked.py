@@ -87,6 +87,20 @@ def test_a_shorter_prompt_served_first_leaves_warm_requests_bitwise(backend, dev
     assert torch.equal(warm.logits, model.prefill(b)[16:])
 
 
+def test_blocks_that_are_not_multiples_of_the_grid_are_bitwise(model):
+    """Block 10, grid 16: the snapshot at 32 sits inside the block [30, 40), whose KV rows from 32
+    on are not final after a 45-token prompt (its chunk [32, 48) is partly filled); a longer
+    prompt computes them in a full chunk, and its continuation's restore at 64 reads them."""
+    a = prompt(45, seed=4)
+    b = a + prompt(25, seed=5)
+    engine = Engine(model, policy="legacy", block_size=10, budget=32, interval=1)
+    engine.serve(a)
+    for tokens, restore_point in ((a, 32), (b, 32), (b + [1, 2, 3], 64)):
+        warm = engine.serve(tokens)
+        assert warm.restore_point == restore_point
+        assert torch.equal(warm.logits, model.prefill(tokens)[restore_point:])
+
+
 def test_budget_below_the_grid_is_refused(model):
     with pytest.raises(ValueError, match=r"budget \(12\) must be at least the grid \(16\)"):
         Engine(model, policy="split", block_size=4, budget=12)
