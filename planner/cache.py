@@ -189,7 +189,10 @@ class PrefixCache:
             handle = snapshots[position]
             if position > full:
                 not_stored.append(position)
-                not_stored_handles.append(handle)
+                if handle in self._entries:  # the same snapshot (checked above): kept, refreshed
+                    self._entries.move_to_end(handle)
+                else:
+                    not_stored_handles.append(handle)
                 continue
             block_end = -(-position // self.block_size) * self.block_size
             node = self._node_ending_at(tokens, block_end)
@@ -278,9 +281,17 @@ class PrefixCache:
         return sizes
 
     def _is_same_snapshot(self, entry: _Entry, tokens: tuple, position: int) -> bool:
-        """Whether ``entry`` is the snapshot at ``position`` on ``tokens``' path."""
+        """Whether ``entry`` is the snapshot at ``position`` on ``tokens``' path; in their trailing
+        partial block (where it is not stored), whether the tokens before it are the same."""
         if entry.position != position:
             return False
+        if position > len(tokens) // self.block_size * self.block_size:
+            edges, node = [], entry.node
+            while node is not None:
+                edges.append(node.edge)
+                node = node.parent
+            held = tuple(token for edge in reversed(edges) for token in edge)
+            return held[:position] == tokens[:position]
         path, _, partial = self._descend(tokens, entry.node.end)
         return partial is None and bool(path) and path[-1] is entry.node
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from .cache import EVICTION_POLICIES
 from .plan import POLICIES, PrefillPlan, plan_prefill
 from .rules import tail_boundary, tail_split_point
-from .simulate import DEFAULT_PER_PASS_MS, DEFAULT_PER_TOKEN_MS, CostModel, simulate
+from .simulate import DEFAULT_PER_PASS_MS, DEFAULT_PER_TOKEN_MS, MAX_COST_MS, CostModel, simulate
 from .traces import default_traces
 
 # The seed engine's dense serve: 16-token KV blocks, prefill budget 8192, first chunk
@@ -81,9 +81,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-snapshots", type=_int_at_least(0), default=None,
                      help="cap on cached snapshots (default: unbounded)")
     sim.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
-    sim.add_argument("--per-token-ms", type=_non_negative_float, default=DEFAULT_PER_TOKEN_MS,
+    sim.add_argument("--per-token-ms", type=_cost_ms, default=DEFAULT_PER_TOKEN_MS,
                      help=f"cost model (default {DEFAULT_PER_TOKEN_MS:.4f}, see planner.simulate)")
-    sim.add_argument("--per-pass-ms", type=_non_negative_float, default=DEFAULT_PER_PASS_MS,
+    sim.add_argument("--per-pass-ms", type=_cost_ms, default=DEFAULT_PER_PASS_MS,
                      help=f"cost model (default {DEFAULT_PER_PASS_MS:g})")
     sim.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -318,11 +318,11 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _non_negative_float(text: str) -> float:
+def _cost_ms(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < math.inf:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    if not 0 <= value <= MAX_COST_MS:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to {MAX_COST_MS:g}, got {text}")
     return value

@@ -32,6 +32,7 @@ from .cache import EVICTION_POLICIES, PrefixCache
 from .plan import POLICIES, check_budgets_on_grid, plan_prefill
 
 DEFAULT_PER_PASS_MS = 868.0
+MAX_COST_MS = 1e12  # a bound on either cost that keeps every trace's sums of them finite
 DEFAULT_PER_TOKEN_MS = (12_500.0 - 2 * DEFAULT_PER_PASS_MS) / 8195
 
 
@@ -45,7 +46,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("per_token_ms", "per_pass_ms"):
-            check_number(name, getattr(self, name), 0.0)
+            check_number(name, getattr(self, name), 0.0, MAX_COST_MS)
 
     def prefill_ms(self, tokens: int, passes: int) -> float:
         """Modeled time of a prefill computing ``tokens`` tokens in ``passes`` passes."""

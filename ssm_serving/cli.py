@@ -13,9 +13,11 @@ from . import demo
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ssm-prefill", description="In-pass SSM state capture for chunked prefill.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo.add_arguments(commands.add_parser(
+    demo_parser = commands.add_parser(
         "demo", help="run the seed's incident on a small hybrid model under every policy",
-        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(parser=demo_parser)  # its own usage line on a bad value
     return parser
 
 
@@ -23,7 +25,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
-        demo._check(parser, args)
+        demo._check(args.parser, args)
         return demo.run(args)
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
     return 2

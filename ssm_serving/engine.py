@@ -48,6 +48,9 @@ class KVBlockStore:
         bs = self.block_size
         full = len(tokens) // bs * bs
         end = full if end is None else check_int("end", end, 0, len(tokens))
+        short = next((t for pair in kv for t in pair if t.shape[0] < end), None)
+        if short is not None:
+            raise ValueError(f"kv must hold rows of positions [0, {end}), got a tensor of {short.shape[0]} rows")
         node = self._root
         for start in range(0, min(end, full), bs):
             key, rows = tuple(tokens[start:start + bs]), min(bs, end - start)
@@ -129,7 +132,7 @@ class Engine:
                  eviction: str = "lru", logits: str = "all", grid: int | None = None):
         if not isinstance(model, HybridLM):
             raise TypeError(f"model must be a HybridLM, got {type(model).__name__}")
-        model.check_device()
+        model.check_ready()
         if logits not in LOGITS:
             raise ValueError(f"logits must be one of {LOGITS} (what serve returns), got {logits!r}")
         self.model = model

@@ -98,11 +98,26 @@ def test_two_launches(device, monkeypatch):
     assert launched == ["_dt_cumsum_kernel", "_fused_pass_kernel"]
 
 
-def test_a_bad_setting_is_refused():
+def test_the_setting_is_read_at_the_first_pass(monkeypatch, device):
+    """SSM_KERNELS_FUSED_SSD is read when a pass first allocates a workspace: a bad value is a
+    ValueError there, not at import (where a plugin loader would log it and pass over the
+    package); "0" runs the five stages."""
     env = dict(os.environ, SSM_KERNELS_FUSED_SSD="yes", TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-c", "import ssm_kernels"], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode != 0 and "SSM_KERNELS_FUSED_SSD must be 0 or 1, got 'yes'" in run.stderr
+    run = subprocess.run([sys.executable, "-c", "import ssm_kernels, ssm_serving.vllm_plugin"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    args, kw = mamba2_positional(mamba2_inputs(1, 20, **DIMS["small"], device=device))
+    call = lambda: mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16)
+    monkeypatch.setattr(tk, "FUSED_PASS", None)
+    monkeypatch.setenv("SSM_KERNELS_FUSED_SSD", "yes")
+    with pytest.raises(ValueError, match="SSM_KERNELS_FUSED_SSD must be 0 or 1, got 'yes'"):
+        call()
+    monkeypatch.setenv("SSM_KERNELS_FUSED_SSD", "0")
+    launched = []
+    monkeypatch.setattr(tk, "launch", lambda kernel, grid, *args, **kw: launched.append(kernel.__name__) or
+                        kernel[grid](*args, **kw))
+    call()
+    assert not tk.FUSED_PASS and "_chunk_output_kernel" in launched and "_fused_pass_kernel" not in launched
 
 
 # Dims with several chunk programs a head (two P blocks) and, in the five stages, several walk

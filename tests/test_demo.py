@@ -103,11 +103,16 @@ def test_cli_demo_refuses_threads_beyond_the_machine(capsys):
     assert "argument --threads: must be from 1 to" in capsys.readouterr().err
 
 
-def test_cli_demo_bad_state_size_is_a_usage_error(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["--state-size", "1000"], "argument --state-size: must be from 1 to 256, got 1000"),
+    (["--hidden", "8"], "argument --hidden: must be a multiple of 16")])
+def test_cli_demo_bad_values_are_the_demo_s_usage_errors(argv, message, capsys):
+    """Those checked after parsing too: the demo's usage line, not the console script's."""
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["demo", "--state-size", "1000"])
+        cli.main(["demo", *argv])
     assert exit_info.value.code == 2
-    assert "argument --state-size: must be from 1 to 256, got 1000" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage: ssm-prefill demo")
 
 
 def test_cli_needs_a_command(capsys):

@@ -1,5 +1,6 @@
 """The hybrid model served with the planner: a warm request's logits are bit-identical to a cold
 one-pass prefill of the same prompt, for every policy, on the incident and on planner traces."""
+import numpy as np
 import pytest
 import torch
 
@@ -93,6 +94,9 @@ def test_restore_and_inputs_are_checked(model):
     ("abc", (), TypeError, "tokens must be a sequence of ints or a 1-D integer tensor, got str"),
     (torch.tensor([[1, 2]]), (), TypeError, r"a tensor of shape \(1, 2\)"),
     (torch.tensor([1.0, 2.0]), (), TypeError, "dtype torch.float32"),
+    ({1, 2}, (), TypeError, "tokens must be a sequence of ints or a 1-D integer tensor, got set"),  # no order
+    ({1: "a"}, (), TypeError, "got dict"),
+    (np.array(3), (), TypeError, r"got ndarray of shape \(\)"),
     ([1, 2, 3], [4], ValueError, r"capture\[0\] = 4 is outside this pass's offsets 0..3"),
     ([1, 2, 3], [1.5], TypeError, r"capture\[0\] must be an int offset, got 1.5"),
 ])
@@ -147,6 +151,8 @@ def test_config_counts_the_parameters_the_model_allocates(changes):
     (lambda: HybridLM(CONFIG, backend="cuda"), ValueError,
      r"backend must be one of \('auto', 'triton', 'torch'\), got 'cuda'"),
     (lambda: HybridLM(CONFIG, device="gpu0"), ValueError, "device must be a torch device or its name, got 'gpu0'"),
+    pytest.param(lambda: HybridLM(CONFIG, device="cuda"), ValueError, "device is cuda, but this torch has no CUDA",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
 ])
 def test_model_refuses_a_bad_config_backend_or_device_before_building(make, error, message):
     with pytest.raises(error, match=message):
@@ -173,6 +179,14 @@ def test_meta_model_is_refused_clearly():
         meta.prefill([1, 2])
     with pytest.raises(ValueError, match="the model is on the meta device"):
         Engine(meta, policy="split", block_size=8, budget=16)
+
+
+def test_a_model_moved_to_another_dtype_is_refused_clearly():
+    moved = HybridLM(CONFIG).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="the model's weights are torch.bfloat16, its config's dtype torch.float32"):
+        moved.prefill([1, 2])
+    with pytest.raises(TypeError, match="the model's weights are torch.bfloat16"):
+        Engine(moved, policy="split", block_size=8, budget=16)
 
 
 @pytest.mark.parametrize("block_size, error", [(0, ValueError), (True, ValueError), (16.0, ValueError)])
@@ -212,6 +226,8 @@ def test_kv_block_store_holds_a_block_s_first_rows_up_to_end():
     assert store.blocks == 2 and store.gather(tokens, 9) is None
     with pytest.raises(ValueError, match="end must be an int from 0 to 10, got 11"):
         store.insert(tokens, [(k, -k)], end=11)
+    with pytest.raises(ValueError, match=r"kv must hold rows of positions \[0, 8\), got a tensor of 5 rows"):
+        KVBlockStore(4).insert(tokens, [(k[:5], -k)])
 
 
 # -------------------------------------------------------------------------------------------

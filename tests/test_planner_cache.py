@@ -72,6 +72,15 @@ def test_reinsert_keeps_the_held_snapshot():
     assert cache.lookup(A[:33]).snapshot == "first"
     # The same handle again is not reported as freed.
     assert cache.insert(A, {32: "first"}).freed == ()
+    # Nor from a prompt whose trailing partial block holds its position: the same state.
+    result = cache.insert(A[:40], {34: "partial"})
+    result = cache.insert(A[:47], {32: "first", 34: "partial"})
+    assert result.not_stored == (32, 34) and result.freed == ("partial",) and "first" in cache
+    cache.insert(A, {34: "a34"})
+    result = cache.insert(A[:40], {34: "a34"})
+    assert result.not_stored == (34,) and result.freed == () and "a34" in cache
+    with pytest.raises(ValueError, match="already held"):
+        cache.insert(A[:33] + [-1] * 7, {34: "a34"})  # another token before it: another state
 
 
 def test_lru_evicts_the_least_recently_used_and_reports_it():

@@ -115,6 +115,7 @@ def test_plan_on_a_grid_reports_the_tail_points_it_uses(capsys):
         ["simulate", "--eviction", "fifo"],
         ["simulate", "--per-pass-ms", "-1"],
         ["simulate", "--per-pass-ms", "inf"],
+        ["simulate", "--per-token-ms", "1e308"],  # its sums would overflow to inf
         ["simulate", "--scale", "0"],
         ["simulate", "--grid", "16", "--budget", "8", "--no-progress"],
         ["simulate", "--grid", "16384", "--budget", "16384", "--no-progress"],  # the first budget, 8193, below it

@@ -201,10 +201,11 @@ def test_simulate_rejects_bad_requests():
     dict(per_token_ms=float("inf")),
     dict(per_pass_ms=float("-inf")),
     dict(per_pass_ms=10**400),
+    dict(per_token_ms=1e308),  # finite, but a sum of two overflows
 ])
 def test_cost_model_fields_must_be_finite(fields):
     name = next(iter(fields))
-    with pytest.raises(ValueError, match=rf"{name} must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=rf"{name} must be a finite number >= 0 and <= 1e\+12"):
         CostModel(**fields)
 
 

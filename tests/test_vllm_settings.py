@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ssm_serving.vllm_plugin import settings
+from ssm_kernels.scan.mamba2_chunked.triton_kernel import FUSED_SSD
 from ssm_serving.vllm_plugin.settings import ALGORITHM, ENABLE, INTERVAL, Settings
 
 
@@ -15,6 +16,7 @@ from ssm_serving.vllm_plugin.settings import ALGORITHM, ENABLE, INTERVAL, Settin
     ({INTERVAL: "", ALGORITHM: ""}, Settings(True, None, "auto")),
     ({ENABLE: "0", INTERVAL: "oops", ALGORITHM: "ssd"}, Settings(enabled=False)),  # off: the rest unread
     ({ENABLE: "false"}, Settings(enabled=False)),
+    ({FUSED_SSD: "1"}, Settings(True, None, "auto")),
 ])
 def test_good_settings(env, expected):
     assert settings.read(env) == expected
@@ -25,6 +27,7 @@ def test_good_settings(env, expected):
     ({INTERVAL: "64.0"}, f"{INTERVAL} must be an integer number of tokens, got '64.0'"),
     ({INTERVAL: "-64"}, f"{INTERVAL} must be 0 or a positive multiple of the block size, got -64"),
     ({ALGORITHM: "ssd"}, f"{ALGORITHM} must be one of ('recurrent', 'chunked', 'auto'), got 'ssd'"),
+    ({FUSED_SSD: "2"}, f"{FUSED_SSD} must be 0 or 1, got '2'"),  # the kernels' own, checked here too
 ])
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(ValueError) as err:

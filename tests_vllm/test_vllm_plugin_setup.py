@@ -77,7 +77,7 @@ def test_engine_start_refuses_a_v2_config():
 
 @pytest.mark.parametrize("name, value", [("SSM_KERNELS_VLLM_PREFILL_ALGORITHM", "ssd"),
                                          ("SSM_KERNELS_VLLM_CAPTURE_INTERVAL", "-64"),
-                                         ("SSM_KERNELS_VLLM", "maybe")])
+                                         ("SSM_KERNELS_VLLM", "maybe"), ("SSM_KERNELS_FUSED_SSD", "2")])
 def test_a_bad_setting_fails_install(monkeypatch, fresh, name, value):
     """The entry point vLLM calls before it builds an engine raises, naming the setting, and
     patches nothing."""
@@ -88,6 +88,15 @@ def test_a_bad_setting_fails_install(monkeypatch, fresh, name, value):
     with pytest.raises(ValueError, match=name):
         plugin.install()
     assert MambaMixer2.conv_ssm_forward is before and not plugin.status()["installed"]
+
+
+def test_a_bad_setting_stops_vllm_loading_its_plugins():
+    """As vLLM loads plugins before it builds an engine: the entry point raises (vLLM would log an
+    exception raised while importing the plugin's package and go on without it)."""
+    env = dict(os.environ, SSM_KERNELS_FUSED_SSD="2")
+    load = "from vllm.plugins import load_general_plugins; load_general_plugins()"
+    run = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0 and "SSM_KERNELS_FUSED_SSD must be 0 or 1, got '2'" in run.stderr, run.stderr[-2000:]
 
 
 def test_engine_start_checks_the_capture_interval(monkeypatch):

@@ -14,6 +14,7 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass, field
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Iterable, NamedTuple, Sequence
 
 import torch
@@ -52,8 +53,8 @@ def _check_iterable(name: str, value, items: str):
 
 
 def check_tokens(tokens, vocab_size: int) -> list[int]:
-    """Token ids as a list of ints: a sequence (or other iterable, e.g. a NumPy array) of ints, not
-    bools or floats, or a 1-D integer tensor; each in [0, vocab_size)."""
+    """Token ids as a list of ints: a sequence (or other ordered iterable, e.g. a 1-D NumPy array)
+    of ints, not bools or floats, or a 1-D integer tensor; each in [0, vocab_size)."""
     if isinstance(tokens, torch.Tensor):
         if tokens.ndim != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be a 1-D integer tensor or a sequence of ints, got a tensor of shape "
@@ -62,6 +63,10 @@ def check_tokens(tokens, vocab_size: int) -> list[int]:
             raise ValueError("tokens is on the meta device, which holds no values")
         ids = tokens.tolist()
     else:
+        if isinstance(tokens, (AbstractSet, Mapping)) or getattr(tokens, "ndim", 1) != 1:  # no order, or not 1-D
+            shape = f" of shape {tuple(tokens.shape)}" if hasattr(tokens, "shape") else ""
+            raise TypeError(f"tokens must be a sequence of ints or a 1-D integer tensor, got "
+                            f"{type(tokens).__name__}{shape}")
         ids = []
         for i, token in enumerate(_check_iterable("tokens", tokens, "ints or a 1-D integer tensor")):
             try:
@@ -231,6 +236,8 @@ class HybridLM(nn.Module):
                 device = torch.device(device)
             except (RuntimeError, TypeError) as error:
                 raise ValueError(f"device must be a torch device or its name, got {device!r} ({error})") from None
+            if device.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device is {device}, but this torch has no CUDA device")
         super().__init__()
         self.config = config
         with torch.random.fork_rng(devices=[]):
@@ -248,11 +255,15 @@ class HybridLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def check_device(self) -> None:
-        """Refuse to compute on the meta device: the weights have shapes but no values."""
+    def check_ready(self) -> None:
+        """Refuse to compute on the meta device (the weights have shapes but no values), or with
+        weights moved to a dtype other than the config's (the states and KV are the config's)."""
         if self.device.type == "meta":
             raise ValueError("the model is on the meta device, which holds shapes but no weights: build it on a real "
                              "device (HybridLM(config, device=...)) or load weights into it first")
+        if self.embed.weight.dtype != self.config.dtype:
+            raise TypeError(f"the model's weights are {self.embed.weight.dtype}, its config's dtype "
+                            f"{self.config.dtype}: build it with HybridConfig(dtype=...) rather than moving it")
 
     @property
     def mamba_layers(self) -> list[Mamba2Mixer]:
@@ -317,7 +328,7 @@ class HybridLM(nn.Module):
         at the pass ``capture`` offsets (0..T; absolute position state.position + offset)."""
         if logits not in LOGITS:
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
-        self.check_device()
+        self.check_ready()
         ids = torch.tensor(check_tokens(tokens, self.config.vocab_size), dtype=torch.long, device=self.device)
         if not isinstance(state, ModelState):
             raise TypeError(f"state must be a ModelState (new_state() or restore()), got {type(state).__name__}")

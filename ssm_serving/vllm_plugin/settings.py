@@ -5,6 +5,8 @@
   the prompt's tail and the junction only) or a positive multiple of the Mamba block size
   (default: the block size, every block end).
 - `SSM_KERNELS_VLLM_PREFILL_ALGORITHM`: `auto` (default), `chunked` or `recurrent`.
+- `SSM_KERNELS_FUSED_SSD`: the kernels' own (`0`, the default, or `1`: the fused chunked pass),
+  checked here too, so that a bad value stops the engine's start rather than a step.
 
 A bad value is a ValueError naming the variable, raised while vLLM starts its engine: from the
 plugin's entry point, which vLLM calls before it builds one, or, for what needs the block size,
@@ -17,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from ssm_kernels.scan.algorithm import ALGORITHMS
+from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass_setting
 
 ENABLE = "SSM_KERNELS_VLLM"
 INTERVAL = "SSM_KERNELS_VLLM_CAPTURE_INTERVAL"
@@ -56,6 +59,7 @@ def read(environ=None) -> Settings:
     algorithm = get(ALGORITHM) or "auto"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"{ALGORITHM} must be one of {ALGORITHMS}, got {env[ALGORITHM]!r}")
+    fused_pass_setting(env)
     return Settings(True, interval, algorithm)
 
 

@@ -60,7 +60,7 @@ def run(problem, backend: str, chunk_size: int, start_positions: list[int]) -> N
         return
     # The tables and the chunk grid are the recent pass's.
     op, tensors = p.replay_key()
-    _replay.run(recent.launches, op + (triton_kernel.FUSED_PASS,), tensors,
+    _replay.run(recent.launches, op + (triton_kernel.fused_pass_enabled(),), tensors,
                 lambda: run_chunked_triton(p, recent.tables), fresh=True)
 
 

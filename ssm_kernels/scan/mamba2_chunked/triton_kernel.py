@@ -46,7 +46,7 @@ out (chunk or capture, head or group, ...):
    block's non-finite handling (below), by the same program; a few programs, each of which reads
    its marks and, nearly always, ends there.
 
-The fused pass (opt-in: FUSED_PASS, fused_pass()) runs stages 2 to 5 in one launch
+The fused pass (opt-in: SSM_KERNELS_FUSED_SSD=1, fused_pass()) runs stages 2 to 5 in one launch
 (_fused_pass_kernel, stage2to5_fused) with the same program functions as their kernels: its
 programs take tickets in chunk order and wait on one another's flags; a chunk program computes a
 block of its chunk's own contribution and then walks the chunk on that block, from the state the
@@ -964,14 +964,15 @@ class Workspace:
 
 
 def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
-    """The workspace of a pass, unwritten (the fused pass's where FUSED_PASS is set: `states` in
+    """The workspace of a pass, unwritten (the fused pass's where fused_pass_enabled(): `states` in
     float32, where its walks leave the chunks' end states)."""
     nheads, headdim, dstate, ngroups = p.dims
     chunk, nchunks, ninner = tables.chunk_size, tables.nchunks, tables.inner.shape[0]
     f32, mm = dict(dtype=torch.float32, device=p.x.device), dict(dtype=MATMUL_DTYPES[p.x.dtype], device=p.x.device)
     cfg = launch_config(headdim, dstate, chunk, p.x.dtype)
     counters = flags = None
-    if FUSED_PASS:
+    fused = fused_pass_enabled()
+    if fused:
         counters = torch.zeros(2, dtype=torch.int32, device=p.x.device)
         flags = torch.zeros(fused_counts(cfg, headdim, dstate, chunk).flags(nheads, nchunks, ninner),
                             dtype=torch.int32, device=p.x.device)
@@ -979,7 +980,7 @@ def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
         cfg, torch.empty(nchunks, nheads, chunk, **f32),
         torch.empty(nchunks, nheads, chunk, **f32), torch.empty(nchunks, nheads, **f32),
         torch.empty(nchunks, ngroups, chunk, chunk, **mm),
-        torch.empty(nchunks, nheads, headdim, dstate, **(f32 if FUSED_PASS else mm)),
+        torch.empty(nchunks, nheads, headdim, dstate, **(f32 if fused else mm)),
         torch.empty(ninner, nheads, headdim, dstate, **mm), torch.empty(nchunks, nheads, headdim, dstate, **mm),
         torch.empty(nchunks, nheads, triton.cdiv(headdim, cfg["BLOCK_P"]), dtype=torch.int8, device=p.x.device),
         counters, flags)
@@ -1150,14 +1151,29 @@ FUSED_STAGES = (stage1_dt_cumsum, stage2to5_fused)
 # The fused pass (stages 2 to 5 in one launch) in place of the five stages: opt-in
 # (SSM_KERNELS_FUSED_SSD=1, or fused_pass()) until a GPU has measured it against them. A workspace
 # is made for one or the other when it is allocated (new_workspace).
-def _fused_pass_setting() -> bool:
-    value = os.environ.get("SSM_KERNELS_FUSED_SSD", "0")
+FUSED_SSD = "SSM_KERNELS_FUSED_SSD"
+
+
+def fused_pass_setting(environ=None) -> bool:
+    """Whether SSM_KERNELS_FUSED_SSD in ``environ`` (default os.environ) asks for the fused pass:
+    "1", or "0" (the default); ValueError for another value."""
+    value = (os.environ if environ is None else environ).get(FUSED_SSD, "0")
     if value not in ("0", "1"):
-        raise ValueError(f"SSM_KERNELS_FUSED_SSD must be 0 or 1, got {value!r}")
+        raise ValueError(f"{FUSED_SSD} must be 0 or 1, got {value!r}")
     return value == "1"
 
 
-FUSED_PASS = _fused_pass_setting()
+# None until the first pass reads the environment (not at import: a bad value must not make the
+# package unimportable, which a plugin loader would log and pass over); fused_pass() sets it.
+FUSED_PASS: bool | None = None
+
+
+def fused_pass_enabled() -> bool:
+    """Whether passes whose workspace is allocated now run the fused pass."""
+    global FUSED_PASS
+    if FUSED_PASS is None:
+        FUSED_PASS = fused_pass_setting()
+    return FUSED_PASS
 
 
 @contextlib.contextmanager
