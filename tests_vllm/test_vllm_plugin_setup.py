@@ -88,6 +88,7 @@ def test_a_bad_setting_fails_install(monkeypatch, fresh, name, value):
     with pytest.raises(ValueError, match=name):
         plugin.install()
     assert MambaMixer2.conv_ssm_forward is before and not plugin.status()["installed"]
+    assert name in plugin.status()["reason"]
 
 
 def test_a_bad_setting_stops_vllm_loading_its_plugins():
@@ -107,7 +108,8 @@ def test_engine_start_checks_the_capture_interval(monkeypatch):
     from ssm_serving.vllm_plugin import settings
 
     monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=100))
-    config = SimpleNamespace(use_v2_model_runner=False)
+    config = SimpleNamespace(use_v2_model_runner=False,
+                             cache_config=SimpleNamespace(enable_prefix_caching=True, prefix_match_unit=None))
     spec = dict(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,))
     with pytest.raises(ValueError, match="SSM_KERNELS_VLLM_CAPTURE_INTERVAL must be 0 or a positive multiple of "
                                          "the Mamba block size 64, got 100"):
@@ -115,6 +117,21 @@ def test_engine_start_checks_the_capture_interval(monkeypatch):
     plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="none"))  # no captures without caching
     monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=128))
     plugin.check_engine(config, MambaSpec(**spec, mamba_cache_mode="align"))
+
+
+def test_engine_start_refuses_prefix_hits_inside_a_block():
+    """prefix_match_unit below the block size: refused (warm requests resuming inside a block gave
+    other tokens than cold ones on the CPU build); equal to it, or without prefix caching, served."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    spec = MambaSpec(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    config = lambda caching, unit: SimpleNamespace(use_v2_model_runner=False, cache_config=SimpleNamespace(
+        enable_prefix_caching=caching, prefix_match_unit=unit))
+    with pytest.raises(ValueError, match="prefix_match_unit=16 below the Mamba block size 64 .* SSM_KERNELS_VLLM=0"):
+        plugin.check_engine(config(True, 16), spec)
+    for caching, unit in ((True, None), (True, 64), (False, 16)):
+        plugin.check_engine(config(caching, unit), spec)
 
 
 _ALIGNMENT = """

@@ -61,7 +61,8 @@ def model_runner_v2() -> bool:
 
 def check_engine(vllm_config, spec) -> None:
     """At engine start (each Mamba layer's kv-cache spec, in every worker): what only the
-    configuration tells. The capture interval against the Mamba block size; and the runner:
+    configuration tells. The capture interval against the Mamba block size; prefix hits inside a
+    block (prefix_match_unit), refused; and the runner:
     vLLM can still pick Model Runner V2 where VLLM_USE_V2_MODEL_RUNNER=0 (watermarking overrides
     it), and the scheduler's process has patched by then, so that is an error, not a stand-down."""
     if vllm_config.use_v2_model_runner:
@@ -70,6 +71,14 @@ def check_engine(vllm_config, spec) -> None:
                          f"set {settings.ENABLE}=0 to serve with vLLM's own Mamba kernels")
     if getattr(spec, "mamba_cache_mode", None) == "align":
         settings.check_block_size(settings.current, spec.block_size)
+        cache = vllm_config.cache_config
+        unit = getattr(cache, "prefix_match_unit", None)
+        if cache.enable_prefix_caching and unit not in (None, spec.block_size):
+            raise ValueError(
+                f"ssm-prefill-kernels: prefix_match_unit={unit} below the Mamba block size {spec.block_size} (vLLM's "
+                "prefix hits inside a block) is not supported: on vLLM's CPU build a warm request resuming inside a "
+                "block gave other tokens than a cold one, though the Mamba states it resumed from were exact; unset "
+                f"prefix_match_unit, or set {settings.ENABLE}=0 to serve with vLLM's own Mamba kernels")
 
 
 def install() -> bool:
@@ -77,7 +86,11 @@ def install() -> bool:
     setting (settings.py), before anything is patched."""
     if _state["installed"]:
         return True
-    settings.current = settings.read()
+    try:
+        settings.current = settings.read()
+    except ValueError as error:
+        _state["reason"] = str(error)
+        raise
     if not settings.current.enabled:
         _state["reason"] = f"{settings.ENABLE}=0"
         return False
