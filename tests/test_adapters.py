@@ -238,6 +238,42 @@ def test_generate_matches_transformers(family, device):
     assert torch.equal(model.generate(ids, **opts), ref)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_recording_cache_rolls_back(family, device):
+    """A cache recording its past (what assisted decoding turns on to drop rejected draft tokens):
+    a pass of 5 tokens keeps the states after each, crop(-k) goes back k tokens, and the next
+    pass gives the logits of one pass over the tokens kept and the new ones."""
+    model, _ = build(family, device)
+    ids, alt = inputs(device)
+    keep_ = 12
+    use_ssm_kernels(model)
+    for k in (1, 2, 4):
+        kept = 17 - k
+        want = run(model, torch.cat([ids[:, :kept], alt], 1), DynamicCache(config=model.config), 0)[:, kept:]
+        cache = DynamicCache(config=model.config)
+        cache.activate_past_recording(recurrent_states_to_keep=5)
+        run(model, ids[:, :keep_], cache, 0)
+        run(model, ids[:, keep_:17], cache, keep_)
+        cache.crop(-k)
+        assert_rel_close(run(model, alt, cache, kept), want, TOL, f"logits after crop({-k})")
+
+
+@pytest.mark.parametrize("family", ["Mamba2", "Jamba"])
+def test_assisted_generate_matches_greedy(family, device):
+    """generate with an assistant model (draft tokens verified in one pass, the rejected ones
+    cropped from the cache) gives plain greedy's tokens."""
+    model, _ = build(family, device)
+    torch.manual_seed(123)
+    assistant = type(model)(model.config).to(device).eval()
+    ids, _ = inputs(device, batch=1)
+    opts = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    use_ssm_kernels(model)
+    plain = model.generate(ids, **opts)
+    assisted = model.generate(ids, assistant_model=assistant, num_assistant_tokens=4,
+                              num_assistant_tokens_schedule="constant", **opts)
+    assert torch.equal(assisted, plain)
+
+
 @pytest.mark.parametrize("family", ["Mamba2", "Mamba", "Bamba"])
 def test_generate_continues_a_restored_cache(family, device):
     """generate(whole prompt, cache=restored at p) computes only the prompt's tokens past p and
@@ -355,6 +391,11 @@ def test_left_padding_matches_transformers(family, device):
     assert_rel_close(padded(), ref, TOL, "left-padded logits")
     with pytest.raises(ValueError, match="unpadded"), capture_states(model, offsets=[3]):
         run(model, ids, DynamicCache(config=model.config), 0, attention_mask=mask)
+    # A one-token step after a padded pass: its own mask holds no zeros, its rows' positions are off all the same.
+    cache = DynamicCache(config=model.config)
+    run(model, ids, cache, 0, attention_mask=mask)
+    with pytest.raises(ValueError, match="unpadded"), capture_states(model, offsets=[1]):
+        run(model, dec[:, :1], cache, PROMPT)
 
 
 @pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
@@ -430,6 +471,17 @@ def test_unsupported_models_and_calls_are_rejected(device):
     use_ssm_kernels(model)
     with torch.enable_grad(), pytest.raises(RuntimeError, match="inference-only"):
         model(input_ids=ids)
+    model.requires_grad_(False)
+    for name in ("A_log", "D", "dt_bias", "conv1d.weight", "in_proj.bias"):  # any one trained: refused too
+        param = model.get_parameter(f"backbone.layers.0.mixer.{name}")
+        param.requires_grad_(True)
+        with torch.enable_grad(), pytest.raises(RuntimeError, match="inference-only"):
+            model(input_ids=ids)
+        param.requires_grad_(False)
+    model.lm_head.requires_grad_(True)  # only the head trained: nothing needs the mixers' backward
+    with torch.enable_grad():
+        model(input_ids=ids).logits.sum().backward()
+    assert model.lm_head.weight.grad is not None
     mixer = model.backbone.layers[0].mixer
     with pytest.raises(NotImplementedError, match="packed sequences"):
         mixer(torch.randn(1, 4, 32, device=device), seq_idx=torch.zeros(1, 4, dtype=torch.int32, device=device))

@@ -85,13 +85,21 @@ class _Adapter:
         self.request: _Request | None = None
         # The absolute position each SSM layer of a cache is at, for the caches this adapter ran.
         self._positions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # The caches a padded pass ran on since their states began (a row's positions are then not
+        # the pass positions, and a one-token step's mask no longer shows the padding).
+        self.padded: weakref.WeakSet = weakref.WeakSet()
 
     def position(self, cache, layer_idx):
-        return self._positions.get(cache, {}).get(layer_idx)
+        """Where SSM layer ``layer_idx`` of ``cache`` is: the layer's own count where the release
+        keeps one (a crop moves it back), else what this adapter's passes recorded."""
+        layer = hf_cache.linear_layer(cache, layer_idx)
+        count = hf_cache.token_count(layer)
+        return count if count is not None else self._positions.get(cache, {}).get(layer_idx)
 
     def cache_position(self, cache):
         """The position every SSM layer of ``cache`` is at (0 when none holds a state yet), or None
-        when that is unknown (a pass this adapter did not run) or the layers disagree."""
+        when that is unknown (a pass this adapter did not run, on a release that keeps no count)
+        or the layers disagree."""
         found = set()
         for layer_idx in self.mixers:
             try:
@@ -407,6 +415,8 @@ def restore_states(model, cache, snapshots, *, position: int | None = None):
         hf_cache.set_states(cache, layer_idx, full, ssm, at)
         if adapter is not None:
             adapter.set_position(cache, layer_idx, at)
+    if adapter is not None:
+        adapter.padded.discard(cache)  # snapshots come from unpadded passes only
     return cache
 
 

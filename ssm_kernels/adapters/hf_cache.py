@@ -44,6 +44,20 @@ def record_past(layer) -> bool:
     return bool(getattr(layer, "record_past", False))
 
 
+def token_count(layer) -> int | None:
+    """The tokens the layer has seen (its position), where the release keeps the count (from
+    5.25; a crop moves it back), else None."""
+    count = getattr(layer, "cumulative_length_linear", None)
+    return None if count is None else int(count)
+
+
+def states_to_keep(cache, layer_idx: int, seqlen: int) -> int:
+    """How many of a pass's last states a cache recording its past keeps for a later crop (the
+    state after each of its last N tokens, the final state among them); 0 when it does not."""
+    keep = getattr(cache, "get_recurrent_states_to_keep", None)
+    return 0 if keep is None else min(int(keep(layer_idx) or 0), seqlen)
+
+
 def conv_initialized(layer) -> bool:
     return bool(layer.is_conv_states_initialized.get(0, False))
 
@@ -71,11 +85,13 @@ def conv_tail(conv_state: torch.Tensor | None, keep: int, like: torch.Tensor) ->
     return tail.to(dtype=like.dtype, memory_format=torch.contiguous_format, copy=True)
 
 
-def write_pass(cache, layer_idx: int, conv_input: torch.Tensor, conv_kernel: int, ssm_state: torch.Tensor) -> None:
+def write_pass(cache, layer_idx: int, conv_input: torch.Tensor, conv_kernel: int, ssm_state: torch.Tensor,
+               kept=()) -> None:
     """Store a prefill pass's states as transformers' own PyTorch path does: the conv cache from
-    the pass's conv inputs (batch, conv_dim, seqlen), the SSM state copied in."""
+    the pass's conv inputs (batch, conv_dim, seqlen), the SSM state copied in; ``kept``: the
+    states before it of those a recording cache keeps (states_to_keep), oldest first."""
     cache.update_conv_state(conv_input, layer_idx, conv_kernel_size=conv_kernel)
-    cache.update_recurrent_state(ssm_state, layer_idx=layer_idx)
+    cache.update_recurrent_state([*kept, ssm_state] if len(kept) else ssm_state, layer_idx=layer_idx)
 
 
 def count_step(cache, layer_idx: int) -> None:

@@ -161,7 +161,10 @@ def _pass_mask(attention_mask, batch, seqlen):
 
 
 def _check_inference(mixer, hidden_states):
-    if torch.is_grad_enabled() and (hidden_states.requires_grad or mixer.in_proj.weight.requires_grad):
+    """Refuse a pass that autograd would need a backward of: its input, or any of the mixer's
+    parameters (A_log, D, dt_bias, the conv, a projection's adapter weights), needing a gradient."""
+    if torch.is_grad_enabled() and (hidden_states.requires_grad
+                                    or any(p.requires_grad for p in mixer.parameters())):
         raise RuntimeError("the ssm_kernels adapter is inference-only (its kernels have no backward): run the "
                            "model under torch.no_grad() or torch.inference_mode(), or remove_ssm_kernels(model) "
                            "to train")
@@ -196,9 +199,16 @@ class PassContext:
         fresh = cache is None or not hf_cache.has_previous(layer)
         start = 0 if fresh else self.adapter.position(cache, self.geometry.layer_idx)
         offsets = self.adapter.capture_offsets(start, seqlen, self.geometry.layer_idx)
-        if offsets and attention_mask is not None and not bool(torch.all(attention_mask != 0)):
-            raise ValueError("captures need an unpadded batch: this pass has padding (attention_mask has zeros), "
-                             "so a row's token positions are not the pass positions")
+        padded = attention_mask is not None and not bool(torch.all(attention_mask != 0))
+        if cache is not None:
+            if fresh:
+                self.adapter.padded.discard(cache)
+            if padded:
+                self.adapter.padded.add(cache)
+            padded = cache in self.adapter.padded
+        if offsets and padded:
+            raise ValueError("captures need an unpadded batch: this pass or an earlier one on its cache has padding "
+                             "(attention_mask has zeros), so a row's token positions are not the pass positions")
         return start, offsets
 
     def end(self, cache, start, seqlen, offsets, conv_caps, ssm_caps):
@@ -207,6 +217,13 @@ class PassContext:
             self.adapter.add_snapshots(self.geometry.layer_idx, [start + k for k in offsets], conv_caps, ssm_caps)
         if cache is not None:
             self.adapter.set_position(cache, self.geometry.layer_idx, None if start is None else start + seqlen)
+
+
+def _kept_offsets(cache, layer_idx, seqlen) -> list[int]:
+    """The pass offsets of the states a cache recording its past keeps besides the final one (for
+    a crop: assisted decoding rolling back rejected draft tokens)."""
+    keep = 0 if cache is None else hf_cache.states_to_keep(cache, layer_idx, seqlen)
+    return list(range(seqlen - keep + 1, seqlen))
 
 
 def _pairs(offsets, batch):
@@ -321,13 +338,15 @@ def mamba2_forward(self, hidden_states, *args, **kwargs):
         # transformers clamps dt to time_step_limit in prefill but not in its one-token step (taken
         # here too when the cache records its past).
         limit = (0.0, math.inf) if decode else (getattr(self, "time_step_limit", None) or (0.0, math.inf))
+        kept = _kept_offsets(cache, self.layer_idx, seqlen)
         result = mamba2_scan(x.unflatten(-1, (nh, hd)), dt, A, B.unflatten(-1, (ng, ds)), C.unflatten(-1, (ng, ds)),
                              z=gate.unflatten(-1, (nh, hd)) if gate_in_scan else None, dt_limit=limit,
                              initial_states=None if ssm_state is None else _as_f32(ssm_state).contiguous(),
-                             capture=_pairs(offsets, batch) or None, **ssm_opts)
-        ssm_caps = _by_offset(result.captured_states, offsets, batch)
+                             capture=_pairs([*offsets, *kept], batch) or None, **ssm_opts)
+        ssm_caps = _by_offset(result.captured_states, [*offsets, *kept], batch)
         if cache is not None:
-            hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states)
+            hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states, ssm_caps[len(offsets):])
+        ssm_caps = ssm_caps[:len(offsets)]
         y = result.y.reshape(batch, seqlen, inter)
     ctx.end(cache, start, seqlen, offsets, conv_caps, ssm_caps)
 
@@ -382,15 +401,17 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
     delta_bias = self.dt_proj.bias.float() if self.dt_proj.bias is not None else None
 
     state = None if ssm_state is None else _as_f32(ssm_state).contiguous()
+    kept = [] if step else _kept_offsets(cache, self.layer_idx, seqlen)
     result = mamba1_scan(x.transpose(1, 2), time_step, A, B.transpose(1, 2), C.transpose(1, 2), D=self.D.float(),
                          z=gate, delta_bias=delta_bias, delta_softplus=True, initial_states=state,
-                         capture=_pairs(offsets, batch) or None, backend=backend)
-    ssm_caps = _by_offset(result.captured_states, offsets, batch)
+                         capture=_pairs([*offsets, *kept], batch) or None, backend=backend)
+    ssm_caps = _by_offset(result.captured_states, [*offsets, *kept], batch)
     if step:  # its conv state already updated in place
         ssm_state.copy_(result.final_states)
         hf_cache.count_step(cache, self.layer_idx)
     elif cache is not None:
-        hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states)
+        hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states, ssm_caps[len(offsets):])
+    ssm_caps = ssm_caps[:len(offsets)]
     ctx.end(cache, start, seqlen, offsets, conv_caps, ssm_caps)
     return self.out_proj(result.y.transpose(1, 2).to(dtype))
 
