@@ -108,16 +108,19 @@ def test_the_setting_is_read_at_the_first_pass(monkeypatch, device):
     assert run.returncode == 0, run.stderr
     args, kw = mamba2_positional(mamba2_inputs(1, 20, **DIMS["small"], device=device))
     call = lambda: mamba2_scan(*args, **kw, backend="triton", algorithm="chunked", chunk_size=16)
-    monkeypatch.setattr(tk, "FUSED_PASS", None)
-    monkeypatch.setenv("SSM_KERNELS_FUSED_SSD", "yes")
-    with pytest.raises(ValueError, match="SSM_KERNELS_FUSED_SSD must be 0 or 1, got 'yes'"):
-        call()
-    monkeypatch.setenv("SSM_KERNELS_FUSED_SSD", "0")
     launched = []
     monkeypatch.setattr(tk, "launch", lambda kernel, grid, *args, **kw: launched.append(kernel.__name__) or
                         kernel[grid](*args, **kw))
-    call()
-    assert not tk.FUSED_PASS and "_chunk_output_kernel" in launched and "_fused_pass_kernel" not in launched
+    was, tk.FUSED_PASS = tk.FUSED_PASS, None  # unread, as after import (restored here, not by a fixture's order)
+    try:
+        monkeypatch.setenv("SSM_KERNELS_FUSED_SSD", "yes")
+        with pytest.raises(ValueError, match="SSM_KERNELS_FUSED_SSD must be 0 or 1, got 'yes'"):
+            call()
+        monkeypatch.setenv("SSM_KERNELS_FUSED_SSD", "0")
+        call()
+        assert tk.FUSED_PASS is False and "_chunk_output_kernel" in launched and "_fused_pass_kernel" not in launched
+    finally:
+        tk.FUSED_PASS = was
 
 
 # Dims with several chunk programs a head (two P blocks) and, in the five stages, several walk
