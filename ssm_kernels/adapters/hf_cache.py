@@ -51,11 +51,13 @@ def token_count(layer) -> int | None:
     return None if count is None else int(count)
 
 
-def states_to_keep(cache, layer_idx: int, seqlen: int) -> int:
-    """How many of a pass's last states a cache recording its past keeps for a later crop (the
-    state after each of its last N tokens, the final state among them); 0 when it does not."""
+def kept_offsets(cache, layer_idx: int, seqlen: int) -> list[int]:
+    """The offsets of a pass's states, besides its final one, that a cache recording its past
+    keeps for a later crop (transformers keeps the state after each of the pass's last N tokens:
+    assisted decoding rolls back rejected draft tokens); none without a cache or recording."""
     keep = getattr(cache, "get_recurrent_states_to_keep", None)
-    return 0 if keep is None else min(int(keep(layer_idx) or 0), seqlen)
+    n = 0 if keep is None else min(int(keep(layer_idx) or 0), seqlen)
+    return list(range(seqlen - n + 1, seqlen))
 
 
 def conv_initialized(layer) -> bool:
@@ -89,7 +91,7 @@ def write_pass(cache, layer_idx: int, conv_input: torch.Tensor, conv_kernel: int
                kept=()) -> None:
     """Store a prefill pass's states as transformers' own PyTorch path does: the conv cache from
     the pass's conv inputs (batch, conv_dim, seqlen), the SSM state copied in; ``kept``: the
-    states before it of those a recording cache keeps (states_to_keep), oldest first."""
+    states before it of those a recording cache keeps (kept_offsets), oldest first."""
     cache.update_conv_state(conv_input, layer_idx, conv_kernel_size=conv_kernel)
     cache.update_recurrent_state([*kept, ssm_state] if len(kept) else ssm_state, layer_idx=layer_idx)
 

@@ -219,13 +219,6 @@ class PassContext:
             self.adapter.set_position(cache, self.geometry.layer_idx, None if start is None else start + seqlen)
 
 
-def _kept_offsets(cache, layer_idx, seqlen) -> list[int]:
-    """The pass offsets of the states a cache recording its past keeps besides the final one (for
-    a crop: assisted decoding rolling back rejected draft tokens)."""
-    keep = 0 if cache is None else hf_cache.states_to_keep(cache, layer_idx, seqlen)
-    return list(range(seqlen - keep + 1, seqlen))
-
-
 def _pairs(offsets, batch):
     return [(b, k) for k in offsets for b in range(batch)]
 
@@ -338,7 +331,7 @@ def mamba2_forward(self, hidden_states, *args, **kwargs):
         # transformers clamps dt to time_step_limit in prefill but not in its one-token step (taken
         # here too when the cache records its past).
         limit = (0.0, math.inf) if decode else (getattr(self, "time_step_limit", None) or (0.0, math.inf))
-        kept = _kept_offsets(cache, self.layer_idx, seqlen)
+        kept = hf_cache.kept_offsets(cache, self.layer_idx, seqlen)
         result = mamba2_scan(x.unflatten(-1, (nh, hd)), dt, A, B.unflatten(-1, (ng, ds)), C.unflatten(-1, (ng, ds)),
                              z=gate.unflatten(-1, (nh, hd)) if gate_in_scan else None, dt_limit=limit,
                              initial_states=None if ssm_state is None else _as_f32(ssm_state).contiguous(),
@@ -401,7 +394,7 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
     delta_bias = self.dt_proj.bias.float() if self.dt_proj.bias is not None else None
 
     state = None if ssm_state is None else _as_f32(ssm_state).contiguous()
-    kept = [] if step else _kept_offsets(cache, self.layer_idx, seqlen)
+    kept = [] if step else hf_cache.kept_offsets(cache, self.layer_idx, seqlen)
     result = mamba1_scan(x.transpose(1, 2), time_step, A, B.transpose(1, 2), C.transpose(1, 2), D=self.D.float(),
                          z=gate, delta_bias=delta_bias, delta_softplus=True, initial_states=state,
                          capture=_pairs([*offsets, *kept], batch) or None, backend=backend)
