@@ -177,7 +177,9 @@ class PrefixCache:
         snapshot's size (one int for all, or a mapping by position), used by ``"utility"``.
         A position in the trailing partial block is not stored, nor is one already held (the
         held snapshot is kept and its recency refreshed: both states are the same bits, and
-        the held one may be pinned). Evicts down to ``max_snapshots`` afterwards.
+        the held one may be pinned), nor a held handle given again for its own state (the same
+        position and tokens before it, from any prompt). Evicts down to ``max_snapshots``
+        afterwards.
         """
         tokens = check_tokens("tokens", tokens)
         sizes = self._check_snapshots(tokens, snapshots, nbytes)
@@ -187,12 +189,13 @@ class PrefixCache:
         stored, not_stored, not_stored_handles = [], [], []
         for position in sorted(snapshots):
             handle = snapshots[position]
+            if handle in self._entries:  # the same state (checked above), maybe on another path
+                self._entries.move_to_end(handle)
+                not_stored.append(position)
+                continue
             if position > full:
                 not_stored.append(position)
-                if handle in self._entries:  # the same snapshot (checked above): kept, refreshed
-                    self._entries.move_to_end(handle)
-                else:
-                    not_stored_handles.append(handle)
+                not_stored_handles.append(handle)
                 continue
             block_end = -(-position // self.block_size) * self.block_size
             node = self._node_ending_at(tokens, block_end)
@@ -200,8 +203,7 @@ class PrefixCache:
             if held is not None:
                 self._entries.move_to_end(held.handle)
                 not_stored.append(position)
-                if held.handle != handle:
-                    not_stored_handles.append(handle)
+                not_stored_handles.append(handle)
                 continue
             entry = _Entry(position=position, handle=handle, nbytes=sizes[position], node=node)
             node.snapshots[position] = entry
@@ -281,19 +283,16 @@ class PrefixCache:
         return sizes
 
     def _is_same_snapshot(self, entry: _Entry, tokens: tuple, position: int) -> bool:
-        """Whether ``entry`` is the snapshot at ``position`` on ``tokens``' path; in their trailing
-        partial block (where it is not stored), whether the tokens before it are the same."""
+        """Whether ``entry`` holds the state at ``position`` of ``tokens``: the same position and
+        the same tokens before it (the tokens after it, in its block, may differ)."""
         if entry.position != position:
             return False
-        if position > len(tokens) // self.block_size * self.block_size:
-            edges, node = [], entry.node
-            while node is not None:
-                edges.append(node.edge)
-                node = node.parent
-            held = tuple(token for edge in reversed(edges) for token in edge)
-            return held[:position] == tokens[:position]
-        path, _, partial = self._descend(tokens, entry.node.end)
-        return partial is None and bool(path) and path[-1] is entry.node
+        edges, node = [], entry.node
+        while node is not None:
+            edges.append(node.edge)
+            node = node.parent
+        held = tuple(token for edge in reversed(edges) for token in edge)
+        return held[:position] == tokens[:position]
 
     def _descend(self, tokens: tuple, limit: int) -> tuple[list[_Node], int, tuple | None]:
         """Follow ``tokens`` down over at most ``limit`` tokens (a multiple of block_size).

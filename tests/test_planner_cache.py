@@ -81,6 +81,13 @@ def test_reinsert_keeps_the_held_snapshot():
     assert result.not_stored == (34,) and result.freed == () and "a34" in cache
     with pytest.raises(ValueError, match="already held"):
         cache.insert(A[:33] + [-1] * 7, {34: "a34"})  # another token before it: another state
+    # From a prompt whose full block holds other tokens after it (another tree node): the same
+    # state, kept where it is, not freed, and not attached to the other node.
+    other = A[:34] + [-1] * 30
+    result = cache.insert(other, {34: "a34", 64: "o64"})
+    assert result.stored == (64,) and result.not_stored == (34,) and result.freed == ()
+    assert cache.lookup(other[:49]) == (48, 32, "first")
+    assert sorted(cache.handles()) == ["a34", "first", "new", "o64"]
 
 
 def test_lru_evicts_the_least_recently_used_and_reports_it():
