@@ -6,7 +6,8 @@ mamba_ssm-compatible entry points), `ssm_kernels.scan.mamba2_chunked` (the chunk
 `ssm_kernels.scan.reference` and `ssm_kernels.conv.reference` (the float64 references),
 `ssm_kernels.cache_ops` (entry points for serving engines: states in place in a cache by slot).
 This package imports nothing of `planner` or `ssm_serving`, which sit above it.
-Forward only: the Triton kernels record no autograd graph (gradients are not part of the interface).
+Forward only: no op records an autograd graph (gradients are not part of the interface), so with
+grad mode on an input that requires grad is refused.
 """
 from ._common import ScanResult
 from .conv import ConvResult, causal_conv1d, causal_conv1d_update

@@ -111,13 +111,19 @@ def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def check_tensor_args(required: dict, optional: dict | None = None) -> None:
     """Every tensor argument of a public op, checked to be a tensor before anything reads its
-    attributes: {name: value}, where an optional one may also be None."""
+    attributes: {name: value}, where an optional one may also be None; with grad mode on, none may
+    require grad."""
     for name, t in required.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (optional or {}).items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if torch.is_grad_enabled():  # no op records a graph: its outputs would drop the gradient silently
+        for name, t in {**required, **(optional or {})}.items():
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name} requires grad, but the kernels are forward only (no backward): call under "
+                                 f"torch.no_grad() or torch.inference_mode(), or pass {name}.detach()")
 
 
 def check_tensor(name: str, t, dims: Sequence[tuple[str, int | None]], dtypes=None) -> torch.Tensor:

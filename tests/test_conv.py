@@ -233,6 +233,8 @@ CASES = [
     (dict(capture=[(2, 0)]), ValueError, r"capture\[0\] names sequence 2, but the batch has 2 sequences"),
     (dict(capture=[(0, 1.5)]), TypeError, r"capture\[0\] must be a pair of ints"),
     (dict(backend="cuda"), ValueError, "backend must be one of"),
+    (dict(weight=torch.randn(DIM, WIDTH, requires_grad=True)), ValueError,
+     "weight requires grad, but the kernels are forward only"),
 ]
 
 
@@ -255,6 +257,7 @@ UPDATE_CASES = [
     (dict(conv_state=torch.randn(1, DIM, WIDTH - 1).expand(4, DIM, WIDTH - 1)), ValueError,
      r"conv_state has overlapping memory \(shape \(4, 12, 3\), strides \(0, 3, 1\)"),
     (dict(conv_state=torch.randn(4, DIM, WIDTH - 1, requires_grad=True)), ValueError, "conv_state requires grad"),
+    (dict(x=torch.randn(3, DIM, requires_grad=True)), ValueError, "x requires grad, but the kernels are forward only"),
 ]
 
 

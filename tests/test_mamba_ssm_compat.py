@@ -42,6 +42,12 @@ def test_selective_scan_fn_matches_reference(layout, device):
     assert_rel_close(alone, mamba1_scan_ref(**{**ref_kw, "D": None, "z": None, "delta_bias": None}).y, TOL, "defaults")
 
 
+def test_selective_scan_fn_refuses_inputs_that_require_grad():
+    kw = mamba1_inputs(1, 4, dim=4, dstate=2)
+    with pytest.raises(ValueError, match="delta requires grad, but the kernels are forward only"):
+        selective_scan_fn(kw["u"], kw["delta"].requires_grad_(), kw["A"], kw["B"], kw["C"])
+
+
 def test_selective_scan_fn_rejects_complex_a(device):
     kw = to(device, mamba1_inputs(1, 4, dim=4, dstate=2))
     with pytest.raises(TypeError, match="A is complex"):
@@ -133,6 +139,22 @@ def test_chunk_scan_packed_sequences(device):
     assert isinstance(only_varlen, tuple) and len(only_varlen) == 2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_scan_returns_mamba_ssm_s_dtypes(dtype, device):
+    """16-bit inputs: out in x's dtype, final_states float32, varlen_states in C's dtype (mamba_ssm
+    stores its chunk states, and so its varlen states, in C's dtype)."""
+    cu = torch.tensor([0, 5, 12], device=device)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32, device=device)
+    kw = to(device, mamba2_inputs(1, 12, nseq=1, dtype=dtype))
+    out, final, varlen = mamba_chunk_scan_combined(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], 8, seq_idx=seq_idx,
+                                                   cu_seqlens=cu, return_final_states=True,
+                                                   return_varlen_states=True)
+    assert (out.dtype, final.dtype, varlen.dtype) == (dtype, torch.float32, dtype)
+    assert torch.equal(varlen[1].float(), final[0].to(dtype).float())  # the same state, rounded once
+    ref = mamba2_scan_ref(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], cu_seqlens=cu, dt_limit=(0.0, math.inf))
+    assert_rel_close(varlen, ref.final_states, TOLERANCE[dtype], "varlen_states")
+
+
 def test_chunk_scan_varlen_states_without_seq_idx(device):
     """cu_seqlens without seq_idx only marks where varlen states are read (mamba_ssm's meaning):
     the scan itself runs across the boundaries."""
@@ -203,6 +225,8 @@ def test_chunk_scan_refuses_initial_states_for_a_row_without_label_0_first(label
     (dict(dt_softplus="False"), TypeError, r"dt_softplus must be a bool \(True or False\), got 'False'"),
     (dict(return_final_states=1), TypeError, "return_final_states must be a bool"),
     (dict(dt_limit=("0", "1")), TypeError, "dt_limit must be a pair of real numbers"),
+    # mamba_ssm's functions have a backward; these record no graph, so a gradient would be lost
+    (dict(x=torch.randn(1, 6, 4, 8, requires_grad=True)), ValueError, "x requires grad, but the kernels are forward"),
 ])
 def test_chunk_scan_rejects_what_it_cannot_honour(changes, error, message):
     kw = mamba2_inputs(1, 6)
@@ -332,6 +356,7 @@ def test_state_update_layout_is_read_from_strides(device, monkeypatch):
     (dict(dt_softplus="False"), TypeError, "dt_softplus must be a bool"),
     (dict(state=lambda s: s[:1].expand(2, *s.shape[1:])), ValueError, "state has overlapping memory"),
     (dict(state=lambda s: s.requires_grad_()), ValueError, "state requires grad"),
+    (dict(B=lambda b: b.clone().requires_grad_()), ValueError, "B requires grad, but the kernels are forward only"),
 ])
 def test_state_update_rejections_write_nothing(bad, error, message, device):
     x, dt, A, A3, B, C = _decode_inputs(device)

@@ -372,3 +372,18 @@ def test_outputs_beyond_the_device_memory_are_refused_by_name():
     big = lambda t: t.expand(*t.shape[:-1], T)
     with pytest.raises(ValueError, match=r"y of shape \(1, 12, 1099511627776\) \(float32\) would need"):
         mamba1_scan(big(kw["u"]), big(kw["delta"]), kw["A"], big(kw["B"]), big(kw["C"]), backend="torch")
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["mamba2_scan", "mamba1_scan", "selective_state_update"])
+def test_every_tensor_argument_that_requires_grad_is_refused(which):
+    """The kernels record no autograd graph: with grad mode on, an input requiring grad is refused
+    (its gradient would be dropped silently); under torch.no_grad() the same call runs."""
+    fn, named = _named_calls()[which]
+    floats = [k for k, v in named.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert len(floats) >= 6
+    for name in floats:
+        with pytest.raises(ValueError, match=rf"^{name} requires grad, but the kernels are forward only"):
+            fn(**{**named, name: named[name].clone().requires_grad_()})
+    first = next(name for name in floats if name != "state")  # a state updated in place is refused anyway
+    with torch.no_grad():
+        fn(**{**named, first: named[first].clone().requires_grad_()})

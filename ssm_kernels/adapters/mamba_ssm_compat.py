@@ -204,7 +204,8 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     Returns (mamba_ssm's order):
         out (like x); with return_final_states also final_states (batch, nheads, headdim,
         dstate) float32 (the state after each row's last token); with return_varlen_states also
-        varlen_states (nseq, nheads, headdim, dstate) float32 (each sequence's last state).
+        varlen_states (nseq, nheads, headdim, dstate) in C's dtype (each sequence's last state,
+        rounded to nearest even from float32 for 16-bit C, as mamba_ssm returns them).
     """
     chunk = check_int("chunk_size", chunk_size)
     if chunk < 1:
@@ -238,6 +239,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         out, final_states, varlen_states = _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens,
                                                         common)
     if return_varlen_states:
+        varlen_states = varlen_states.to(C.dtype)  # mamba_ssm keeps its chunk states, these too, in C's dtype
         return (out, final_states, varlen_states) if return_final_states else (out, varlen_states)
     return (out, final_states) if return_final_states else out
 
