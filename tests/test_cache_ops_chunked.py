@@ -118,6 +118,30 @@ def test_mamba1_chunked_prefill_matches_public_chunked_scan(backend, cache_dtype
     _check_cache(cache, before, ref.final_states, ref.captured_states)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layer", ["mamba2", "mamba1"])
+def test_a_step_s_layers_may_differ_in_groups(backend, layer):
+    """Layers of one step whose B and C have other group counts (the step shares a workspace and
+    replays launches between layers of one shape): each gives the bits of the same layer in a
+    step of its own. A workspace shared across group counts had been written past its end."""
+    step = _batch()
+    for ngroups in (1, 2, 1, 2, 1):
+        if layer == "mamba2":
+            kw = mamba2_inputs(1, sum(LENGTHS), ngroups=ngroups)
+            cache, run, x = torch.randn(NSLOTS, *kw["initial_states"].shape[1:]), _mamba2_prefill, "x"
+        else:
+            kw = mamba1_inputs(1, sum(LENGTHS), ngroups=ngroups)
+            cache, run, x = torch.randn(NSLOTS, *kw["initial_states"].shape[1:]), _mamba1_prefill, "u"
+        kw = {k: v.to(torch.get_default_device()) for k, v in kw.items()}
+        results = []
+        for batch in (step, _batch()):
+            c, out = cache.clone().to(torch.get_default_device()), torch.zeros_like(kw[x][0])
+            run(batch, kw, c, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
+            results.append((c, out))
+        assert torch.equal(results[0][0], results[1][0]), f"cache, ngroups {ngroups}"
+        assert torch.equal(results[0][1], results[1][1]), f"out, ngroups {ngroups}"
+
+
 def test_chunked_prefill_against_float64_references():
     live = _live_tokens()
     tol = TOLERANCE[torch.float32]
@@ -347,7 +371,8 @@ def test_a_step_from_host_data_sends_one_copy(monkeypatch):
 
 def test_host_data_is_checked():
     """Host lengths and captures are refused with the argument named: not a list, the wrong
-    count, not ints, a bad chunk size, and (validated) lengths that differ from cu_seqlens."""
+    count, not ints, a bad chunk size, (validated) lengths that differ from cu_seqlens, and
+    captures outside their sequence, declined ones too."""
     args, kwargs = _host_batch_args()
     bad = [(dict(host_cu_seqlens=tuple(range(3))), ValueError, "host_cu_seqlens"),
            (dict(host_cu_seqlens=torch.tensor(kwargs["host_cu_seqlens"])), TypeError, "host_cu_seqlens"),
@@ -355,6 +380,12 @@ def test_host_data_is_checked():
            (dict(capture_seq=[0.5] * len(CAPTURES)), TypeError, r"capture_seq\[0\]"),
            (dict(chunk_size=24), ValueError, "chunk_size"),
            (dict(validate=True, host_cu_seqlens=[0] * (len(LENGTHS) + 1)), ValueError, "host_cu_seqlens")]
+    # A declined capture's placeholder (the last one's slot is skip_slot, on the device) is checked
+    # too: a kernel given it had written other rows' states.
+    seq, off = kwargs["capture_seq"], kwargs["capture_offset"]
+    bad += [(dict(capture_seq=seq[:-1] + [len(LENGTHS)]), ValueError, r"capture_seq\[7\] = 6 names no sequence"),
+            (dict(capture_offset=off[:-1] + [22]), ValueError, r"capture_offset\[7\] = 22 for sequence 2 is outside"),
+            (dict(capture_offset=off[:-1] + [-5]), ValueError, r"capture_offset\[7\] = -5")]
     for change, error, name in bad:
         with pytest.raises(error, match=name):
             cache_ops.prefill_batch(*args, **{**kwargs, **change})

@@ -192,7 +192,9 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         host_cu_seqlens: cu_seqlens's values on the host (a list of ints), optional. With it,
             start_positions, validate=False, and capture_seq and capture_offset (if any) as host
             lists of ints (capture_slot stays a device tensor), the batch reads nothing back: an
-            engine hands over what it holds on the host. The Mamba-2 chunked kernels then read
+            engine hands over what it holds on the host. Those lists are checked on the host
+            whatever validate says, a declined capture's too (its slot is on the device): a
+            sequence of the pass and an offset within it. The Mamba-2 chunked kernels then read
             slots, flags and capture slots on the device; the other chunked paths read them back
             once a step (host_indices).
         chunk_size: the chunk size of the step's Mamba-2 chunked layers, optional: with
@@ -287,6 +289,8 @@ def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, captu
     seqs = Sequences(cu, lengths_from_bounds(bounds), varlen=True)
     positions = check_start_positions(start_positions, seqs)
     ncap = 0 if capture_slot is None else capture_slot.shape[0]
+    for i in range(ncap):  # on the host, declined ones too: their slots are on the device
+        _check_capture(i, capture_seq[i], capture_offset[i], seqs.lengths)
     order = sorted(range(ncap), key=lambda i: (capture_seq[i], capture_offset[i]))
     entries = [(capture_seq[i], capture_offset[i], None) for i in order]  # rows stay on the device
     capture_tables = capture_lists([(s, k, 0) for s, k, _ in entries], seqs.count)[1:3] + (order,) if ncap else ()
@@ -361,12 +365,17 @@ def _validate_prefill(bounds, slots, capture_seq, capture_offset, capture_slot, 
     for i, (s, k, slot) in enumerate(zip(capture_seq, capture_offset, capture_slot)):
         if slot == skip_slot:
             continue
-        if not 0 <= s < len(lengths):
-            raise ValueError(f"capture_seq[{i}] = {s} names no sequence (the pass has {len(lengths)})")
+        _check_capture(i, s, k, lengths)
         if slots[s] == skip_slot:
             raise ValueError(f"capture_seq[{i}] = {s} names a skipped row (slot {skip_slot})")
-        if not 0 <= k <= lengths[s]:
-            raise ValueError(f"capture_offset[{i}] = {k} for sequence {s} is outside 0..{lengths[s]}")
+
+
+def _check_capture(i: int, s: int, k: int, lengths: list[int]) -> None:
+    """Capture i's sequence and offset: a sequence of the pass, an offset within it."""
+    if not 0 <= s < len(lengths):
+        raise ValueError(f"capture_seq[{i}] = {s} names no sequence (the pass has {len(lengths)})")
+    if not 0 <= k <= lengths[s]:
+        raise ValueError(f"capture_offset[{i}] = {k} for sequence {s} is outside 0..{lengths[s]}")
 
 
 def _check_slots(name, slots, skip_slot, nslots):

@@ -22,11 +22,10 @@ import torch
 
 from .._common import NO_CAPTURES, CaptureTable, Sequences, capture_lists, int_tables
 from ..scan import mamba1_chunked
-from ..scan.mamba1_chunked.triton_kernel import new_workspace as mamba1_workspace
-from ..scan.mamba1_chunked.triton_kernel import run_triton as mamba1_triton
+from ..scan.mamba1_chunked import triton_kernel as mamba1_triton
 from ..scan.algorithm import ALGORITHMS, ChunkedRules
 from ..scan.mamba2_chunked import make_chunk_tables, run_chunked_torch
-from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton
+from ..scan.mamba2_chunked.triton_kernel import new_workspace, run_chunked_triton, workspace_key
 from ..scan.mamba2 import mamba2_problem
 from .batch import PrefillBatch, host_indices, per_step, step_chunk_tables, step_scratch
 
@@ -129,8 +128,8 @@ def run_mamba2(batch: PrefillBatch, x, dt, A, B, C, D, z, dt_bias, dt_softplus, 
         tables = step_chunk_tables(batch, chunk_size)
         problem = mamba2_problem(*inputs, ssm_state, batch.state_indices, batch.seqs, batch.captures, u(out),
                                  ssm_state, ssm_state, has_initial=batch.has_initial, skip_slot=batch.skip_slot)
-        workspace = per_step(batch, ("workspace", chunk_size, x.shape[1:], x.dtype, ssm_state.shape[1:]),
-                              lambda: new_workspace(problem, tables))
+        workspace = per_step(batch, ("workspace", chunk_size, workspace_key(problem)),
+                             lambda: new_workspace(problem, tables))
         run_chunked_triton(problem, tables, workspace)
         return
     step = _step(batch)
@@ -153,9 +152,9 @@ def run_mamba1(batch: PrefillBatch, make_problem, out, ssm_state, ngroups: int, 
     positions = batch.host.start_positions
     if backend == "triton":  # the kernel reads and writes the slots itself, as for Mamba-2
         problem = make_problem(out, **slot_fields)
-        key = ("mamba1 workspace", chunk_size, out.shape, problem.B.dtype, problem.C.dtype, ssm_state.shape[1:])
-        mamba1_triton(problem, chunk_size, positions, per_step(
-            batch, key, lambda: mamba1_workspace(problem, chunk_size, positions)))
+        key = ("mamba1 workspace", chunk_size, mamba1_triton.workspace_key(problem))
+        mamba1_triton.run_triton(problem, chunk_size, positions, per_step(
+            batch, key, lambda: mamba1_triton.new_workspace(problem, chunk_size, positions)))
         return
     step = _step(batch)
     dim, dstate = ssm_state.shape[1:]

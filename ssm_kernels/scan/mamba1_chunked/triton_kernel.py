@@ -282,6 +282,12 @@ class Workspace:
     stage: torch.Tensor  # (nseq, nchunks, ngroups, 2, NR * NL, chunk): B and C, in B's dtype or float32
 
 
+def workspace_key(p: ScanProblem) -> tuple:
+    """What new_workspace's shapes and dtypes take from p beside the pass's sequences and chunk:
+    the layers of a step with the same key share one workspace (cache_ops)."""
+    return p.A.shape[2], p.x.shape[2], p.B.dtype, p.C.dtype
+
+
 def new_workspace(p: ScanProblem, chunk: int, start_positions: list[int]) -> Workspace:
     """The workspace of a pass, unwritten (a serving step's layers share one)."""
     nr, nl = launch_config(p.A.shape[2], chunk, p.B.element_size() * 8)

@@ -963,6 +963,12 @@ class Workspace:
         return dict(DOT_DTYPE=_DOT_DTYPES[self.cb.dtype])
 
 
+def workspace_key(p: ScanProblem) -> tuple:
+    """What new_workspace's shapes and dtypes take from p beside its tables: the layers of a step
+    with the same key share one workspace (cache_ops)."""
+    return p.dims, p.x.dtype, fused_pass_enabled()
+
+
 def new_workspace(p: ScanProblem, tables: ChunkTables) -> Workspace:
     """The workspace of a pass, unwritten (the fused pass's where fused_pass_enabled(): `states` in
     float32, where its walks leave the chunks' end states)."""
