@@ -5,8 +5,8 @@ On Triton the kernels read each row's initial state from its slot, write its fin
 captures into their slots (rounded to the cache's dtype to nearest even, as the recurrent kernels
 store them) and leave skipped rows alone, on the batch's own tables: no torch op around them, and
 nothing read back (a batch built from host data, prefill_batch's host_cu_seqlens, reads nothing
-at all). The step's tables go to the device in one copy and its workspace is allocated once, both
-by the step's first layer and kept on the batch (every layer of a step has the same shapes).
+at all). The step's tables go to the device in one copy, sent by its first layer, and a workspace
+is allocated by its first layer of each shape (workspace_key), both kept on the batch.
 
 The PyTorch path (for CPU) plans with the slots on the host (read back once a step where the
 batch came from host data) around the public chunked pipelines: it gathers the rows' initial
