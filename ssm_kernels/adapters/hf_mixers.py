@@ -227,6 +227,13 @@ def _by_offset(captured, offsets, batch):
     return captured.reshape(len(offsets), batch, *captured.shape[1:])
 
 
+def _split_kept(captured, offsets, kept, batch):
+    """A pass's SSM states captured at ``offsets`` then at ``kept`` (kept_offsets): (the captures,
+    the states a recording cache keeps), each by offset."""
+    states = _by_offset(captured, [*offsets, *kept], batch)
+    return states[:len(offsets)], states[len(offsets):]
+
+
 def _prefill_conv(conv: _Conv, x, init, offsets):
     """x (batch, dim, seqlen) -> (activated out, captured conv states (noff, batch, dim, width-1))."""
     batch = x.shape[0]
@@ -336,10 +343,9 @@ def mamba2_forward(self, hidden_states, *args, **kwargs):
                              z=gate.unflatten(-1, (nh, hd)) if gate_in_scan else None, dt_limit=limit,
                              initial_states=None if ssm_state is None else _as_f32(ssm_state).contiguous(),
                              capture=_pairs([*offsets, *kept], batch) or None, **ssm_opts)
-        ssm_caps = _by_offset(result.captured_states, [*offsets, *kept], batch)
+        ssm_caps, kept_states = _split_kept(result.captured_states, offsets, kept, batch)
         if cache is not None:
-            hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states, ssm_caps[len(offsets):])
-        ssm_caps = ssm_caps[:len(offsets)]
+            hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states, kept_states)
         y = result.y.reshape(batch, seqlen, inter)
     ctx.end(cache, start, seqlen, offsets, conv_caps, ssm_caps)
 
@@ -398,13 +404,12 @@ def mamba1_forward(self, hidden_states, *args, **kwargs):
     result = mamba1_scan(x.transpose(1, 2), time_step, A, B.transpose(1, 2), C.transpose(1, 2), D=self.D.float(),
                          z=gate, delta_bias=delta_bias, delta_softplus=True, initial_states=state,
                          capture=_pairs([*offsets, *kept], batch) or None, backend=backend)
-    ssm_caps = _by_offset(result.captured_states, [*offsets, *kept], batch)
+    ssm_caps, kept_states = _split_kept(result.captured_states, offsets, kept, batch)
     if step:  # its conv state already updated in place
         ssm_state.copy_(result.final_states)
         hf_cache.count_step(cache, self.layer_idx)
     elif cache is not None:
-        hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states, ssm_caps[len(offsets):])
-    ssm_caps = ssm_caps[:len(offsets)]
+        hf_cache.write_pass(cache, self.layer_idx, x_in, conv.width, result.final_states, kept_states)
     ctx.end(cache, start, seqlen, offsets, conv_caps, ssm_caps)
     return self.out_proj(result.y.transpose(1, 2).to(dtype))
 
