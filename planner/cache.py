@@ -187,6 +187,10 @@ class PrefixCache:
         self._add_path(tokens, full)
 
         stored, not_stored, not_stored_handles = [], [], []
+        block_end = {position: -(-position // self.block_size) * self.block_size
+                     for position in snapshots
+                     if position <= full and snapshots[position] not in self._entries}
+        nodes = self._nodes_ending_at(tokens, sorted(set(block_end.values())))
         for position in sorted(snapshots):
             handle = snapshots[position]
             if handle in self._entries:  # the same state (checked above), maybe on another path
@@ -197,8 +201,7 @@ class PrefixCache:
                 not_stored.append(position)
                 not_stored_handles.append(handle)
                 continue
-            block_end = -(-position // self.block_size) * self.block_size
-            node = self._node_ending_at(tokens, block_end)
+            node = nodes[block_end[position]]
             held = node.snapshots.get(position)
             if held is not None:
                 self._entries.move_to_end(held.handle)
@@ -322,34 +325,56 @@ class PrefixCache:
             return path, matched + k, (child, k)
         return path, matched, None
 
-    def _split(self, node: _Node, k: int) -> _Node:
-        """Split ``node``'s edge ``k`` tokens in (a block multiple); returns the upper half."""
-        parent = node.parent
-        upper = _Node(edge=node.edge[:k], end=node.end - len(node.edge) + k, parent=parent)
-        parent.children[node.edge[: self.block_size]] = upper
-        node.edge = node.edge[k:]
-        node.parent = upper
-        upper.children[node.edge[: self.block_size]] = node
-        # node's snapshots lie in its last block, which stays below the split.
-        return upper
+    def _split(self, node: _Node, cuts: Sequence[int]) -> list[_Node]:
+        """Split ``node``'s edge at the absolute positions ``cuts`` (sorted block multiples
+        strictly inside it) in one pass over the edge, however many; returns the new nodes, which
+        end at the cuts. ``node`` keeps the edge's last piece, and with it its snapshots (they lie
+        in its last block)."""
+        block, edge = self.block_size, node.edge
+        start = node.end - len(edge)
+        parent, made = node.parent, []
+        for lower, upper in zip((start, *cuts), cuts):
+            piece = _Node(edge=edge[lower - start : upper - start], end=upper, parent=parent)
+            parent.children[piece.edge[:block]] = piece
+            made.append(piece)
+            parent = piece
+        node.edge = edge[cuts[-1] - start :]
+        node.parent = parent
+        parent.children[node.edge[:block]] = node
+        return made
 
     def _add_path(self, tokens: tuple, full: int) -> None:
         path, matched, partial = self._descend(tokens, full)
         if matched == full:
             return
         if partial is not None:
-            node = self._split(*partial)
+            child, k = partial
+            node = self._split(child, [child.end - len(child.edge) + k])[0]
         else:
             node = path[-1] if path else self._root
         leaf = _Node(edge=tokens[matched:full], end=full, parent=node)
         node.children[leaf.edge[: self.block_size]] = leaf
 
-    def _node_ending_at(self, tokens: tuple, end: int) -> _Node:
-        """The node whose edge ends at ``end`` on ``tokens``' path (already in the tree)."""
-        path, matched, partial = self._descend(tokens, end)
-        if partial is not None:
-            return self._split(*partial)
-        return path[-1]
+    def _nodes_ending_at(self, tokens: tuple, ends: list[int]) -> dict[int, _Node]:
+        """The nodes whose edges end at each of ``ends`` (sorted block multiples) on ``tokens``'
+        path, already in the tree, splitting edges where needed: one walk down the path, each
+        edge split once at all its cuts (a prompt's thousands of snapshots on one new edge had
+        cost a walk from the root and a copy of the edge's rest each)."""
+        if not ends:
+            return {}
+        path, _, partial = self._descend(tokens, ends[-1])
+        found, i = {}, 0
+        for node in path + ([partial[0]] if partial else []):
+            j = i
+            while j < len(ends) and ends[j] < node.end:
+                j += 1
+            if j > i:
+                found.update(zip(ends[i:j], self._split(node, ends[i:j])))
+            if j < len(ends) and ends[j] == node.end:
+                found[node.end] = node
+                j += 1
+            i = j
+        return found
 
     def _evict_to_cap(self) -> tuple:
         evicted = []

@@ -1,6 +1,7 @@
 """The prefix cache: matches, snapshots, eviction, pins, checked against a simple model."""
 
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -158,6 +159,22 @@ def test_stats_count_lookups_hits_and_insertions():
     stats = cache.stats
     assert (stats.lookups, stats.hits, stats.stored, stats.not_stored) == (2, 1, 2, 0)
     assert (stats.matched_tokens, stats.restored_tokens) == (48, 40)
+
+
+def test_a_prompt_s_many_snapshots_take_one_walk():
+    # 20000 snapshots on one new edge, one a block: each had cost a walk from the root down the
+    # edges the earlier ones split, and a copy of the edge's rest (about 100 s; now well under 1).
+    n = 20_000
+    tokens = tuple(range(n))
+    cache = PrefixCache(1)
+    began = time.perf_counter()
+    result = cache.insert(tokens, {position: position for position in range(1, n)})
+    assert time.perf_counter() - began < 10
+    assert len(result.stored) == n - 1
+    for position in (1, 2, 9_999, n - 1):
+        match = cache.lookup(tokens[:position] + (-1,))
+        assert (match.matched_tokens, match.restore_point, match.snapshot) == (
+            position, position, position)
 
 
 # -- model-based check ---------------------------------------------------------------------
