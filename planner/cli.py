@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import sys
 from dataclasses import asdict
 from typing import Callable, Iterable, Iterator, Sequence
@@ -34,9 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.first_budget == 0:
             args.first_budget = None
-        return args.run(args, parser)
+        return args.run(args, args.parser)
     except SystemExit as stop:  # argparse's usage errors and --help
         return stop.code if isinstance(stop.code, int) else 1
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 1
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -65,7 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--request-total", type=_int_at_least(1), default=None,
                       help="the follow-up's length (default: this prompt's)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    plan.set_defaults(run=_run_plan)
+    plan.set_defaults(run=_run_plan, parser=plan)
 
     sim = commands.add_parser(
         "simulate", help="compare policies on synthetic serving traces",
@@ -87,7 +92,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      help=f"cost model (default {DEFAULT_PER_PASS_MS:g})")
     sim.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    sim.set_defaults(run=_run_simulate)
+    sim.set_defaults(run=_run_simulate, parser=sim)
     return parser
 
 
@@ -107,10 +112,23 @@ def _add_rule_arguments(parser: argparse.ArgumentParser) -> None:
                         "chunk size, whose restores are exact only there; default 1: anywhere)")
 
 
+def _in_flags(message: str, parser: argparse.ArgumentParser) -> str:
+    """An API error in the command line's terms: its parameter names (the first word, and any
+    name with an underscore) as the flags that set them."""
+    flags = {action.dest: action.option_strings[0] for action in parser._actions
+             if action.option_strings and action.dest != "help"}
+    flags["branch_points"] = "--branch-point"
+    return re.sub(r"^[a-z]+\b|\b[a-z]+(?:_[a-z]+)+\b",
+                  lambda word: flags.get(word.group(), word.group()), message)
+
+
 # -- plan ------------------------------------------------------------------------------------
 
 def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     policies = POLICIES if args.policy == "all" else (args.policy,)
+    if args.total == 0 and (args.shared_tokens is not None or args.request_total is not None):
+        parser.error("--shared-tokens and --request-total describe a warm follow-up of the prompt: "
+                     "they need --total > 0")
     if args.branch_point and "free" not in policies:
         parser.error(f"--branch-point applies to policy 'free' only, got --policy {args.policy}")
     rules = dict(block_size=args.block_size, budget=args.budget,
@@ -130,7 +148,7 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             for policy, plan in plans.items()
         }
     except (TypeError, ValueError) as error:
-        parser.error(str(error))
+        parser.error(_in_flags(str(error), parser))
 
     step = math.lcm(args.block_size, args.grid)  # the plan's tail points are in these steps
     if args.json:
@@ -226,7 +244,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 }
                 results.append((trace, reports))
         except (TypeError, ValueError) as error:
-            parser.error(str(error))
+            parser.error(_in_flags(str(error), parser))
 
     if args.json:
         print(json.dumps({

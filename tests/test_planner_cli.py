@@ -119,6 +119,8 @@ def test_plan_on_a_grid_reports_the_tail_points_it_uses(capsys):
         ["simulate", "--scale", "0"],
         ["simulate", "--grid", "16", "--budget", "8", "--no-progress"],
         ["simulate", "--grid", "16384", "--budget", "16384", "--no-progress"],  # the first budget, 8193, below it
+        ["plan", "--total", "0", "--shared-tokens", "5"],  # no prompt to follow up
+        ["plan", "--total", "0", "--request-total", "3"],
         ["frobnicate"],
     ],
 )
@@ -126,6 +128,19 @@ def test_bad_arguments_are_usage_errors(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "usage:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["plan", "--total", "10", "--start", "11"], "usage: ssm-planner plan", "--start must be <= total (10)"),
+    (["plan", "--total", "100", "--grid", "64", "--first-budget", "32"], "usage: ssm-planner plan",
+     "--first-budget (32) must be at least the grid (64)"),
+    (["simulate", "--grid", "16", "--budget", "8", "--no-progress"], "usage: ssm-planner simulate",
+     "--budget (8) must be at least the grid (16)"),
+])
+def test_errors_found_after_parsing_speak_of_the_subcommand_s_flags(argv, usage, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert usage in err and f"error: {message}" in err
 
 
 def test_python_dash_m_planner():
