@@ -108,6 +108,8 @@ def main(argv=None) -> int:
     parser = sweep.mode_parser("python -m bench.ablate", __doc__, "variant")
     parser.add_argument("--shapes", type=int, default=1, help="how many of the Mamba-2 shapes (GPU)")
     args = parser.parse_args(argv)
+    if args.shapes < 1:
+        parser.error(f"--shapes must be >= 1, got {args.shapes}")
     mode, out, env = sweep.mode_setup(parser, args, "ablate")
     rows: list = []
     try:

@@ -19,6 +19,7 @@ from . import use_triton_interpreter
 use_triton_interpreter()  # the interpreter without CUDA; before Triton and the kernels are imported
 from . import common  # noqa: E402
 from ssm_kernels import mamba2_scan  # noqa: E402
+from ssm_kernels.scan import mamba2_chunked  # noqa: E402
 from ssm_kernels.scan.reference import mamba2_scan_ref  # noqa: E402
 
 
@@ -42,6 +43,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.seqlen < 2:
         parser.error(f"--seqlen must be at least 2, got {args.seqlen}")
+    try:
+        mamba2_chunked.RULES.check_chunk_size(args.chunk_size)
+    except ValueError as exc:
+        parser.error(f"--chunk-size: {exc}")
     device = common.bench_device()
     triton_label = "triton" if device.type == "cuda" else "triton-interpreter"
     rows = []

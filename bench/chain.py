@@ -124,6 +124,13 @@ def main(argv=None) -> int:
     parser.add_argument("--reduced", action="store_true", help="check the values only (forced without a GPU)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    for name, values in (("--chains", [args.chains]), ("--lengths", args.lengths), ("--repeats", [args.repeats])):
+        if min(values) < 1:
+            parser.error(f"{name} must be >= 1, got {min(values)}")
+    if len(set(args.lengths)) < 2:
+        parser.error(f"--lengths needs two different lengths at least (a line is fitted), got {args.lengths}")
+    if any(n < 1 or n & (n - 1) for n in args.tile):
+        parser.error(f"--tile must be two powers of two (a Triton block), got {args.tile[0]} {args.tile[1]}")
     reduced = args.reduced or not torch.cuda.is_available()
     block_p, block_n = args.tile
     env = {"device": torch.cuda.get_device_name() if not reduced else "cpu (Triton interpreter)",
@@ -138,7 +145,7 @@ def main(argv=None) -> int:
     else:
         for length in args.lengths:
             rows.append({"length": length, "ms": time_chain(args.chains, length, block_p, block_n, args.repeats)})
-    hop = fit([(r["length"], r["ms"]) for r in rows]) if not reduced and len(rows) > 1 else None
+    hop = fit([(r["length"], r["ms"]) for r in rows]) if not reduced else None
     lines = [f"# State hand-off along a chain of programs ({env['device']}; triton {env['triton']}; "
              f"commit {env['commit']}; {env['date']})", ""]
     if reduced:

@@ -283,6 +283,14 @@ def release_memory(device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------
 # Command line and output folder
 # ---------------------------------------------------------------------------------------------
+def time_budget(text: str) -> float:
+    """argparse type of --time-budget: finite seconds > 0 (nan would never expire)."""
+    seconds = float(text)
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"a time budget is seconds > 0, got {text}")
+    return seconds
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reduced", action="store_true",
                         help="small shapes (forced on CPU, where the PyTorch path and the Triton "
@@ -290,7 +298,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: bench/results/<date>-<gpu|cpu>)")
     parser.add_argument("--quick", action="store_true", help="fewer shapes and shorter timing")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--time-budget", type=time_budget, default=None, metavar="SECONDS",
                         help="soft limit: measurements not started by then are recorded as skipped")
 
 
@@ -376,9 +384,11 @@ def pyplot():
     return plt
 
 
-def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_table, add_args=None) -> int:
+def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_table, add_args=None,
+                  check_args=None) -> int:
     """The `main` of a benchmark module: parse the common flags (and the module's own, added by
-    `add_args(parser)`), run `make_bench(args, device)`,
+    `add_args(parser)`; `check_args(parser, args)` refuses what they cannot take together), run
+    `make_bench(args, device)`,
     and whatever happens (a SIGTERM from the suite's timeout included) save what was measured,
     write the report and print the short table. Exit status 1 when stopped early."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
@@ -386,6 +396,8 @@ def run_benchmark(argv, *, prog: str, doc: str, make_bench, write_report, short_
     if add_args is not None:
         add_args(parser)
     args = parser.parse_args(argv)
+    if check_args is not None:
+        check_args(parser, args)
     install_sigterm_handler()
     device = bench_device()
     began = time.monotonic()

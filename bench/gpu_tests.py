@@ -64,6 +64,8 @@ def main(argv=None) -> int:
         return 0
     if args.shards < 1:
         parser.error(f"--shards must be >= 1, got {args.shards}")
+    if args.weights and not args.weights.is_file():
+        parser.error(f"--weights: no such file: {args.weights}")
     record = json.loads(args.weights.read_text()) if args.weights else None
     weights = {f: v["compile_s"] for f, v in record["per_file"].items()} if record else None
     groups = shards(files, args.shards, weights)

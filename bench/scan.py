@@ -530,10 +530,16 @@ def add_args(parser) -> None:
                         help="the chunked mamba2_scan on its five stages only, not also on the fused pass")
 
 
+def check_args(parser, args) -> None:
+    if args.seqlens and not args.no_varlen and min(args.seqlens) < wl.VARLEN_SEQUENCES:
+        parser.error(f"--seqlens below {wl.VARLEN_SEQUENCES} need --no-varlen "
+                     f"(a varlen batch has {wl.VARLEN_SEQUENCES} sequences of at least a token)")
+
+
 def main(argv=None) -> int:
     return common.run_benchmark(argv, prog="python -m bench.scan", doc=__doc__, make_bench=ScanBench,
                                 write_report=report.write_scan_report, short_table=report.scan_short_table,
-                                add_args=add_args)
+                                add_args=add_args, check_args=check_args)
 
 
 if __name__ == "__main__":

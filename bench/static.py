@@ -41,9 +41,10 @@ from triton_static.model import HBM_BYTES_PER_S  # noqa: E402
 
 from .common import REPO_ROOT, git_commit, install_sigterm_handler  # noqa: E402
 from .static_report import LABEL, markdown, merge, rounded, summary_lines  # noqa: E402
-from .static_workloads import (DECODE_BATCHES, MIXED_KERNELS, PREFILL_TOKENS, SHAPES, UNALIKE_AXES, WORKLOADS,  # noqa: E402
-                               count_sizes, mamba_ssm_ops, model_selective_scan_fn, parse_layer, run_call,
-                               shape_record, shapes_for, triton_path_on_cpu)
+from .static_workloads import (DECODE_BATCHES, LAYER_FORMS, MIXED_KERNELS, PREFILL_TOKENS, SHAPES,  # noqa: E402
+                               UNALIKE_AXES, WORKLOADS, count_sizes, layer_arg, mamba_ssm_ops,
+                               model_selective_scan_fn, parse_layer, run_call, shape_record, shapes_for,
+                               triton_path_on_cpu)
 from .workloads import decode_bytes, pass_bytes  # noqa: E402
 
 
@@ -197,7 +198,8 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.static", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="one shape (Mamba-2 2.7B, and Mamba-1 2.8B for Mamba-1 calls), 8192 tokens, batch 64")
     parser.add_argument("--workload", action="append", help="only this call, or the calls whose name contains "
@@ -206,8 +208,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", action="append", help="only this shape, or the shapes whose name contains this "
                         "(repeatable): "
                         + "; ".join(SHAPES))
-    parser.add_argument("--layer", action="append", help="a custom layer instead of the standard shapes "
-                        "(repeatable): mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N")
+    parser.add_argument("--layer", action="append", type=layer_arg,
+                        help=f"a custom layer instead of the standard shapes (repeatable): {LAYER_FORMS}")
     parser.add_argument("--tokens", type=int, action="append",
                         help="prefill tokens (repeatable; multiples of 256 from 2048 on)")
     parser.add_argument("--batch", type=int, action="append", help="decode batch (repeatable)")

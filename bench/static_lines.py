@@ -35,8 +35,8 @@ from triton_static import model, sass  # noqa: E402
 from triton_static.launches import compile_launch, recording  # noqa: E402
 
 from .common import REPO_ROOT  # noqa: E402
-from .static_workloads import (MIXED_KERNELS, SHAPES, UNALIKE_AXES, WORKLOADS, count_sizes, parse_layer,  # noqa: E402
-                               run_call, shape_record, triton_path_on_cpu)
+from .static_workloads import (LAYER_FORMS, MIXED_KERNELS, SHAPES, UNALIKE_AXES, WORKLOADS, count_sizes,  # noqa: E402
+                               layer_arg, parse_layer, run_call, shape_record, triton_path_on_cpu)
 
 
 @dataclass
@@ -131,13 +131,12 @@ def table(lines: list[Line], top: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.static_lines", description=__doc__.splitlines()[0])
     parser.add_argument("workload", choices=list(WORKLOADS), metavar="WORKLOAD", help="; ".join(WORKLOADS))
     parser.add_argument("--kernel", required=True, help="the kernel's function name, e.g. _chunk_output_kernel")
     place = parser.add_mutually_exclusive_group()
     place.add_argument("--shape", choices=list(SHAPES), default="Mamba-2 2.7B", help="; ".join(SHAPES))
-    place.add_argument("--layer", help="a custom layer: mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or "
-                       "mamba1:dim=D,dstate=N")
+    place.add_argument("--layer", type=layer_arg, help=f"a custom layer: {LAYER_FORMS}")
     parser.add_argument("--size", type=int, default=8192, help="prefill tokens, or the decode batch")
     parser.add_argument("--top", type=int, default=15, help="lines shown per part (default 15)")
     parser.add_argument("--per-program", action="store_true",

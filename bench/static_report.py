@@ -287,6 +287,8 @@ def main(argv=None) -> int:
     parser.add_argument("--captures", action="store_true",
                         help="print the README's table of what captures cost on the chunked paths (captures_block)")
     args = parser.parse_args(argv)
+    if not (args.dir / "static.json").is_file():
+        parser.error(f"{args.dir} has no static.json (a results folder of python -m bench.static)")
     data = json.loads((args.dir / "static.json").read_text())
     if args.write_md:
         (args.dir / "static.md").write_text(markdown(data))

@@ -16,6 +16,7 @@ planner on the chunk grid puts a chunked pass's snapshots.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 from dataclasses import dataclass
 from typing import Callable
@@ -326,14 +327,33 @@ def shape_from_record(record: dict):
     return (Mamba2Shape if record["kind"] == "mamba2" else Mamba1Shape)(**record)
 
 
+LAYER_FORMS = "mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N"
+
+
 def parse_layer(text: str):
     """A custom layer from 'mamba2:nheads=4,headdim=16,dstate=32,ngroups=1' or
-    'mamba1:dim=64,dstate=16'."""
+    'mamba1:dim=64,dstate=16'; ValueError, naming the forms, for anything else."""
     kind, _, dims = text.partition(":")
-    if kind not in ("mamba2", "mamba1"):
-        raise ValueError(f"a layer is mamba2:... or mamba1:..., got {text!r}")
-    values = {k: int(v) for k, v in (item.split("=") for item in dims.split(",") if item)}
-    return shape_from_record({"name": f"custom {text}", "kind": kind, **values})
+    try:
+        values = {k: int(v) for k, v in (item.split("=") for item in dims.split(",") if item)}
+        shape = shape_from_record({"name": f"custom {text}", "kind": kind, **values})
+    except (ValueError, TypeError):
+        shape = None
+    fields = {"mamba2": {"nheads", "headdim", "dstate", "ngroups"}, "mamba1": {"dim", "dstate"}}.get(kind)
+    if (shape is None or set(values) != fields or min(values.values()) < 1
+            or (kind == "mamba2" and values["nheads"] % values["ngroups"])):
+        raise ValueError(f"a layer is {LAYER_FORMS} (positive ints, nheads a multiple of ngroups), "
+                         f"got {text!r}")
+    return shape
+
+
+def layer_arg(text: str) -> str:
+    """argparse type of --layer: the text, once parse_layer takes it."""
+    try:
+        parse_layer(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def run_call(workload: str, shape, size: int, *, peer: bool = False, fill: str = "empty") -> None:

@@ -32,13 +32,15 @@ use_triton_interpreter(False if "--compile" in sys.argv[1:] else None)  # before
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
 from . import workloads as wl  # noqa: E402
 from .common import (RESULTS_DIR, Budget, Terminated, bench_device, configured, git_commit,  # noqa: E402
-                     install_sigterm_handler, kernel_times, markdown_table, rel_error, save_results)
+                     install_sigterm_handler, kernel_times, markdown_table, rel_error, save_results,
+                     time_budget)
 
 CONFIGS: dict[str, dict] = {
     "default": {},
@@ -185,11 +187,12 @@ def markdown(mode: str, rows: list, env: dict) -> str:
 def mode_parser(prog: str, doc: str, what: str) -> argparse.ArgumentParser:
     """The command line bench.sweep and bench.ablate share: a GPU run, --compile or --reduced;
     --time-budget, --out."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    # No abbreviations: the Triton mode is chosen on import from the exact flag "--compile".
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0], allow_abbrev=False)
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--compile", action="store_true", help=f"compile each {what} for sm_90a (no GPU needed)")
     how.add_argument("--reduced", action="store_true", help=f"run each {what} under the interpreter, small")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds for the GPU measurements")
+    parser.add_argument("--time-budget", type=time_budget, default=None, help="seconds for the GPU measurements")
     parser.add_argument("--out", type=Path, default=None)
     return parser
 
@@ -199,6 +202,9 @@ def mode_setup(parser: argparse.ArgumentParser, args, name: str) -> tuple[str, P
     mode = "compile" if args.compile else "reduced" if args.reduced else "gpu"
     if mode == "gpu" and not torch.cuda.is_available():
         parser.error("no CUDA device: pass --compile or --reduced")
+    if mode == "compile" and os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("--compile is read when the module is imported: run it as "
+                     f"`{parser.prog} --compile`, not through main() in a process that chose the interpreter")
     install_sigterm_handler()
     date = datetime.date.today().isoformat()
     out = args.out or RESULTS_DIR / (f"{date}-{name}" + ("" if mode == "gpu" else f"-{mode}"))

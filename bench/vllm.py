@@ -281,11 +281,16 @@ def main(argv=None) -> int:
     if args.cmd == "child":
         run_child(args.model, args.config, args.rounds, args.max_tokens, args.json)
         return 0
+    if args.rounds < 2:
+        parser.error(f"--rounds must be at least 2 (the first is a warm-up), got {args.rounds}")
 
     import datetime as _dt
 
     import torch
-    import vllm
+    try:
+        import vllm
+    except ImportError as exc:
+        parser.error(f"needs vLLM installed (docs/vllm.md: on a CPU machine): {exc}")
 
     from .common import environment, write_json
 

@@ -245,13 +245,50 @@ def test_accuracy_table_meets_the_tolerances(dry_run):
 
 
 @pytest.mark.parametrize("argv, message", [(["--sections", "scan,bogus"], "unknown section(s) bogus"),
-                                           (["--seqlens", "0"], "a pass length must be >= 1")])
+                                           (["--seqlens", "0"], "a pass length must be >= 1"),
+                                           (["--seqlens", "8"], "--seqlens below 16 need --no-varlen"),
+                                           (["--time-budget", "nan"], "a time budget is seconds > 0"),
+                                           (["--time-budget", "-1"], "a time budget is seconds > 0")])
 def test_scan_rejects_bad_flags(argv, message, capsys):
     from bench import scan
 
     with pytest.raises(SystemExit) as exc:
         scan.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("accuracy", ["--chunk-size", "3"], "--chunk-size: chunk_size must be a power of two"),
+    ("chain", ["--lengths", "4", "0"], "--lengths must be >= 1"),
+    ("chain", ["--lengths", "4", "4"], "--lengths needs two different lengths"),
+    ("chain", ["--repeats", "0"], "--repeats must be >= 1"),
+    ("chain", ["--tile", "64", "100"], "--tile must be two powers of two"),
+    ("ablate", ["--reduced", "--shapes", "0"], "--shapes must be >= 1"),
+    ("sweep", ["--comp"], "unrecognized arguments: --comp"),  # the mode is read from the exact flag
+    ("sweep", ["--compile"], "--compile is read when the module is imported"),  # this process interprets
+    ("sweep", ["--reduced", "--time-budget", "0"], "a time budget is seconds > 0"),
+    ("static_report", ["/nonexistent"], "has no static.json"),
+    ("gpu_tests", ["--shards", "2", "--weights", "/nonexistent.json"], "--weights: no such file"),
+    ("vllm", ["--rounds", "1"], "--rounds must be at least 2"),
+])
+def test_bench_tools_refuse_bad_flags(module, argv, message, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(f"bench.{module}").main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench.static", "--layer", "mamba2:nheads=4"],
+    ["bench.static", "--layer", "mamba2:nheads=4,headdim=16,dstate=32,ngroups=3"],
+    ["bench.static_lines", "mamba2_scan chunked", "--kernel", "k", "--layer", "mamba1:dim=0,dstate=16"],
+])
+def test_the_static_model_refuses_a_bad_layer(argv):
+    # In a process of its own: the model's modules import the kernels compiled, not interpreted.
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "a layer is mamba2:nheads=H,headdim=P,dstate=N,ngroups=G or mamba1:dim=D,dstate=N" in done.stderr
 
 
 def test_the_committed_compile_record_names_test_files_that_exist():

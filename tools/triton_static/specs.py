@@ -166,6 +166,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "record":
         return record(args.out, [a for a in args.pytest_args if a != "--"])
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not os.path.isfile(args.specs):
+        parser.error(f"no such file: {args.specs}")
     result = compile_all(args.specs, args.jobs)
     text = json.dumps(result, indent=1)
     if args.json:
