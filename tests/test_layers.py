@@ -173,6 +173,18 @@ def test_positions_are_absolute(layer):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("captures", [[(0, 3)], [(0, 2), (0, 5), (0, 9)]])
+def test_a_snapshot_owns_its_tensors(layer, captures):
+    # A cache holds snapshots one by one and counts their nbytes: none may keep the pass's other
+    # captures alive through a view of their buffer.
+    out = layer(torch.randn(1, 9, HIDDEN), capture=captures)
+    for snap in out.snapshots:
+        for part in (snap.conv, snap.ssm):
+            assert part.untyped_storage().nbytes() == part.numel() * part.element_size()
+        assert snap.nbytes == sum(p.untyped_storage().nbytes() for p in (snap.conv, snap.ssm))
+
+
+@torch.no_grad()
 def test_varlen_neighbours_and_dense_batch_change_nothing(layer):
     hidden = torch.randn(1, SEQLEN, HIDDEN)
     alone = layer(hidden, capture=[(0, 4)])

@@ -1,5 +1,7 @@
 """The hybrid model served with the planner: a warm request's logits are bit-identical to a cold
 one-pass prefill of the same prompt, for every policy, on the incident and on planner traces."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +9,7 @@ import torch
 from planner import POLICIES, agentic_branching, multi_turn_chat
 from ssm_serving.demo import Incident
 from ssm_serving import Engine, HybridConfig, HybridLM, KVBlockStore
+from ssm_serving.model import ModelSnapshot, ModelState
 
 CONFIG = HybridConfig(vocab_size=64, hidden_size=32, num_layers=4, attention_every=2, num_attention_heads=2,
                       mamba_heads=2, mamba_head_dim=32, state_size=8, mlp_size=48, seed=3)
@@ -106,6 +109,41 @@ def test_forward_pass_rejects_bad_tokens_and_offsets_before_advancing(model, tok
     with pytest.raises(error, match=message):
         model.forward_pass(tokens, state, capture=capture)
     assert state.position == 3 and all(torch.equal(k, b) for (k, _), b in zip(model.kv_rows(state), kv_before))
+
+
+def _other_model(**changes):
+    return HybridLM(dataclasses.replace(CONFIG, **changes), backend="torch")
+
+
+@pytest.mark.parametrize("make_state, error, message", [
+    (lambda m: _other_model(num_attention_heads=4).new_state(), ValueError,
+     r"state.layers\[\d\] holds keys of \(heads, head_dim\) \(4, 8\), torch.float32 on cpu; the layer needs "
+     r"\(2, 16\)"),
+    (lambda m: ModelState(0, m.new_state().layers[::-1]), TypeError,
+     r"state.layers\[\d\] (must be a KVCache|\(a Mamba)"),
+    (lambda m: ModelState(0, m.new_state().layers[:-1]), ValueError, "a list of one state per layer"),
+    (lambda m: ModelState(5, m.new_state().layers), ValueError, r"state.layers\[0\] is at position 0, the state at 5"),
+    (lambda m: ModelState(-1, m.new_state().layers), ValueError, "state.position must be an int >= 0"),
+])
+def test_forward_pass_refuses_a_state_of_another_model_or_position_before_advancing(model, make_state, error,
+                                                                                      message):
+    state = make_state(model)
+    before = [(layer.ssm.clone(), layer.positions) if hasattr(layer, "ssm") else layer.length
+              for layer in state.layers]
+    with pytest.raises(error, match=message):
+        model.forward_pass(prompt(3), state)
+    after = [(layer.ssm.clone(), layer.positions) if hasattr(layer, "ssm") else layer.length
+             for layer in state.layers]
+    assert all(a == b if isinstance(a, int) else torch.equal(a[0], b[0]) and a[1] == b[1]
+               for a, b in zip(after, before))
+
+
+def test_restore_refuses_a_snapshot_whose_layers_are_at_another_position(model):
+    out = model.forward_pass(prompt(6), model.new_state(), capture=[3, 6])
+    early, late = out.snapshots
+    mixed = ModelSnapshot(late.position, (early.layers[0], *late.layers[1:]))
+    with pytest.raises(ValueError, match=r"snapshot.layers\[0\] is at position 3, the snapshot at 6"):
+        model.restore(mixed, model.kv_rows(out.state))
 
 
 def test_integer_tensor_tokens_are_served_like_lists(model, references):

@@ -99,6 +99,12 @@ class Snapshot(ShortRepr):
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
 
 
+def _owned(row: torch.Tensor) -> torch.Tensor:
+    """``row``, copied where it is a view into a larger buffer (a pass's captures): a snapshot
+    that a cache holds must not keep the pass's other captures alive, nor weigh more than it says."""
+    return row if row.untyped_storage().nbytes() == row.numel() * row.element_size() else row.clone()
+
+
 @dataclass(repr=False)
 class LayerState(ShortRepr):
     """The running state of a mixer layer for nseq sequences.
@@ -264,7 +270,7 @@ class SSMMixer(nn.Module):
         for s, k, row in table.entries:
             pairs[row] = (s, k)
         out, conv, scan = self._mix(hidden_states, state, seqs.host_bounds(), pairs)
-        snapshots = [Snapshot(state.positions[s] + k, conv.captured_states[i], scan.captured_states[i])
+        snapshots = [Snapshot(state.positions[s] + k, _owned(conv.captured_states[i]), _owned(scan.captured_states[i]))
                      for i, (s, k) in enumerate(pairs)]
         positions = tuple(p + n for p, n in zip(state.positions, seqs.lengths))
         return MixerOutput(out, LayerState(conv.final_states, scan.final_states, positions), snapshots)

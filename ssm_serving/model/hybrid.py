@@ -294,6 +294,10 @@ class HybridLM(nn.Module):
             raise ValueError(f"a snapshot of {len(snapshot.layers)} Mamba layers and KV of {len(kv)} attention "
                              f"layers does not fit a model of {len(self.mamba_layers)} and "
                              f"{len(self.attention_layers)}")
+        for i, layer in enumerate(snapshot.layers):
+            if isinstance(layer, Snapshot) and layer.position != snapshot.position:
+                raise ValueError(f"snapshot.layers[{i}] is at position {layer.position}, the snapshot at "
+                                 f"{snapshot.position}: a snapshot's layers are taken at one position")
         layers = []
         for block in self.blocks:
             if block.kind == "mamba2":
@@ -316,6 +320,37 @@ class HybridLM(nn.Module):
                 layers.append(KVCache.from_rows(k, v))
         return ModelState(snapshot.position, layers)
 
+    def _check_state(self, state) -> None:
+        """Refuse, before a layer advances, a state that is not one of this model's layers' states
+        all at ``state.position`` (a pass updates it layer by layer, in place)."""
+        if not isinstance(state, ModelState):
+            raise TypeError(f"state must be a ModelState (new_state() or restore()), got {type(state).__name__}")
+        check_int("state.position", state.position, 0)
+        if not isinstance(state.layers, list) or len(state.layers) != len(self.blocks):
+            got = len(state.layers) if isinstance(state.layers, list) else type(state.layers).__name__
+            raise ValueError(f"state.layers must be a list of one state per layer ({len(self.blocks)}), got {got}")
+        dtype = self.config.dtype
+        for i, (block, layer) in enumerate(zip(self.blocks, state.layers)):
+            if block.kind == "mamba2":
+                try:
+                    block.mixer._check_state(layer, 1, dtype, self.device)
+                except (TypeError, ValueError) as error:
+                    raise type(error)(f"state.layers[{i}] (a Mamba layer): {error}") from None
+                at = layer.positions[0]
+            else:
+                want = (block.mixer.num_heads, block.mixer.head_dim)
+                if not isinstance(layer, KVCache):
+                    raise TypeError(f"state.layers[{i}] must be a KVCache (an attention layer), got "
+                                    f"{type(layer).__name__}")
+                if tuple(layer.k.shape[1:]) != want or layer.k.dtype != dtype or layer.k.device != self.device:
+                    raise ValueError(f"state.layers[{i}] holds keys of (heads, head_dim) {tuple(layer.k.shape[1:])}, "
+                                     f"{layer.k.dtype} on {layer.k.device}; the layer needs {want}, {dtype} on "
+                                     f"{self.device}")
+                at = layer.length
+            if at != state.position:
+                raise ValueError(f"state.layers[{i}] is at position {at}, the state at {state.position}: a state's "
+                                 "layers advance together")
+
     def kv_rows(self, state: ModelState) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The attention layers' keys and values of positions [0, state.position)."""
         return [layer.rows() for layer in state.layers if isinstance(layer, KVCache)]
@@ -330,8 +365,7 @@ class HybridLM(nn.Module):
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
         self.check_ready()
         ids = torch.tensor(check_tokens(tokens, self.config.vocab_size), dtype=torch.long, device=self.device)
-        if not isinstance(state, ModelState):
-            raise TypeError(f"state must be a ModelState (new_state() or restore()), got {type(state).__name__}")
+        self._check_state(state)
         capture = [(0, k) for k in _check_offsets(capture, ids.numel())]
         h = self.embed(ids)  # (T, hidden)
         captured = []
