@@ -11,7 +11,7 @@ and replays 20; in-pass capture (inpass, free) restores at 32768 and replays 4.
 By default the incident is scaled down 8x (budget 1024, total 4100, interval 4) so that it runs
 in seconds on a CPU; the relations that made the incident stay: the first chunk is one token past
 a block boundary, and under legacy the tail split point falls inside the second-to-last chunk.
-``--full`` runs it at full size (minutes on a CPU; the README quotes measured times).
+``--full`` runs it at full size (minutes on a CPU).
 Batch-invariant projections and norms throughout, and two scans (PyTorch on CPU, Triton on CUDA):
 the recurrent one, exact at any split, and the chunked one (chunk 256, less at small scales),
 exact at multiples of its chunk size, so its engine plans on that grid (planner's grid option):
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    args.policies, args.scans = list(dict.fromkeys(args.policies)), list(dict.fromkeys(args.scans))  # a row each
     if args.hidden % 16:
         parser.error(f"argument --hidden: must be a multiple of 16 (2 * hidden channels in Mamba heads of 32), "
                      f"got {args.hidden}")

@@ -48,12 +48,13 @@ def test_demo_reproduces_the_incident_shape(capsys):
 
 def test_cli_demo_subcommand_with_some_policies(capsys):
     threads = torch.get_num_threads()
-    assert cli.main(["demo", *TINY, "--policies", "split", "free", "--no-progress", "--attention-every", "0",
-                     "--scans", "recurrent"]) == 0
+    assert cli.main(["demo", *TINY, "--policies", "split", "free", "split", "--no-progress", "--attention-every", "0",
+                     "--scans", "recurrent"]) == 0  # a policy given twice runs once
     assert torch.get_num_threads() == threads  # restored
     out = capsys.readouterr().out
     rows = table_rows(out)
     assert sorted(rows) == ["free", "split"] and rows["free"][4:6] == ["128", "4"]
+    assert sum(line.split()[:1] == ["split"] for line in out.splitlines()) == 1
     assert "chunked scan" not in out
 
 
