@@ -3,9 +3,10 @@
 An engine builds one PrefillBatch (or DecodeBatch) per forward step from its own metadata: the
 sequences of the pass, the cache slot each one reads and writes, whether it continues from a
 cached state, and where captured states go. Every layer's call then takes the batch and writes
-into the engine's cache tensors in place. Building the batch is where index
-tensors are prepared (a few small ones, once per step); with validate=False it reads nothing
-back from the device, so it works under CUDA graphs and asynchronous scheduling.
+into the engine's cache tensors in place. Building the batch is where index tensors are prepared
+(a few small ones, once per step); with validate=False (and no start_positions, or
+host_cu_seqlens with them) it reads nothing back from the device, so it works under CUDA graphs
+and asynchronous scheduling.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ class HostStep:
     slots, has_initial: per sequence, as state_indices and has_initial_state.
     captures: (sequence, offset, slot) of the captures that are written (not skipped), sorted.
     slots, has_initial and captures are None for a batch built from host lengths and captures
-    (prefill_batch's host_cu_seqlens), which reads nothing back: the Mamba-2 chunked kernels need
+    (prefill_batch's host_cu_seqlens), which reads nothing back: the Triton chunked kernels need
     none of them; host_indices reads them back for the paths that do.
     """
 
@@ -194,9 +195,9 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
             lists of ints (capture_slot stays a device tensor), the batch reads nothing back: an
             engine hands over what it holds on the host. Those lists are checked on the host
             whatever validate says, a declined capture's too (its slot is on the device): a
-            sequence of the pass and an offset within it. The Mamba-2 chunked kernels then read
-            slots, flags and capture slots on the device; the other chunked paths read them back
-            once a step (host_indices).
+            sequence of the pass and an offset within it. The Triton chunked kernels (both scans)
+            then read slots, flags and capture slots on the device; the PyTorch chunked paths
+            read them back once a step (host_indices).
         chunk_size: the chunk size of the step's Mamba-2 chunked layers, optional: with
             host_cu_seqlens, their chunk tables go to the device in the batch's one copy (else
             the step's first chunked layer sends them in one of their own).
