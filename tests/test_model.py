@@ -328,6 +328,15 @@ def test_last_token_logits_engine(model, references):
     assert warm.restore_point == 48 and torch.equal(warm.logits, references(tokens)[-1:])
 
 
+def test_engine_refuses_a_backend_that_cannot_run_on_the_model_s_device(monkeypatch):
+    import ssm_kernels._triton
+
+    model = HybridLM(CONFIG, backend="triton")  # on CPU: this process's kernels run through the interpreter
+    monkeypatch.setattr(ssm_kernels._triton, "RUNS_ON_CPU", False)  # as in a process without it
+    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+        Engine(model, policy="split", block_size=8, budget=16)
+
+
 def test_engine_rejects_bad_rules(model):
     with pytest.raises(ValueError, match="policy"):
         Engine(model, policy="eager", block_size=8, budget=16)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ssm_kernels import MAX_DSTATE
+from ssm_kernels._common import resolve_backend
 from ssm_kernels.layers import Mamba2Mixer, Snapshot, exact_linear
 from ssm_kernels.scan.mamba2_chunked import check_chunk_size
 
@@ -240,6 +241,7 @@ class HybridLM(nn.Module):
                 raise ValueError(f"device is {device}, but this torch has no CUDA device")
         super().__init__()
         self.config = config
+        self.backend = backend
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.embed = nn.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype)
@@ -256,11 +258,13 @@ class HybridLM(nn.Module):
         return self.embed.weight.device
 
     def check_ready(self) -> None:
-        """Refuse to compute on the meta device (the weights have shapes but no values), or with
-        weights moved to a dtype other than the config's (the states and KV are the config's)."""
+        """Refuse to compute on the meta device (the weights have shapes but no values), with a
+        backend that cannot run on the model's device (Triton on CPU without its interpreter), or
+        with weights moved to a dtype other than the config's (the states and KV are the config's)."""
         if self.device.type == "meta":
             raise ValueError("the model is on the meta device, which holds shapes but no weights: build it on a real "
                              "device (HybridLM(config, device=...)) or load weights into it first")
+        resolve_backend(self.backend, self.device)
         if self.embed.weight.dtype != self.config.dtype:
             raise TypeError(f"the model's weights are {self.embed.weight.dtype}, its config's dtype "
                             f"{self.config.dtype}: build it with HybridConfig(dtype=...) rather than moving it")
