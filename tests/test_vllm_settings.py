@@ -25,6 +25,10 @@ def test_good_settings(env, expected):
 @pytest.mark.parametrize("env, message", [
     ({ENABLE: "of"}, f"{ENABLE} must be one of"),
     ({INTERVAL: "64.0"}, f"{INTERVAL} must be an integer number of tokens, got '64.0'"),
+    ({INTERVAL: "1_28"}, f"{INTERVAL} must be an integer number of tokens, got '1_28'"),
+    ({INTERVAL: "+128"}, f"{INTERVAL} must be an integer number of tokens, got '+128'"),
+    ({INTERVAL: "\u0661\u0662\u0668"}, f"{INTERVAL} must be an integer number of tokens"),
+    ({INTERVAL: "--1"}, f"{INTERVAL} must be an integer number of tokens"),
     ({INTERVAL: "-64"}, f"{INTERVAL} must be 0 or a positive multiple of the block size, got -64"),
     ({ALGORITHM: "ssd"}, f"{ALGORITHM} must be one of ('recurrent', 'chunked', 'auto'), got 'ssd'"),
     ({FUSED_SSD: "2"}, f"{FUSED_SSD} must be 0 or 1, got '2'"),  # the kernels' own, checked here too

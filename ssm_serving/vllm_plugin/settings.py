@@ -50,10 +50,9 @@ def read(environ=None) -> Settings:
         return Settings(enabled=False)
     interval = get(INTERVAL) or None
     if interval is not None:
-        try:
-            interval = int(interval)
-        except ValueError:
-            raise ValueError(f"{INTERVAL} must be an integer number of tokens, got {env[INTERVAL]!r}") from None
+        if not (interval.isascii() and interval.removeprefix("-").isdigit()):  # int() also takes "+1_28", "١٢٨"
+            raise ValueError(f"{INTERVAL} must be an integer number of tokens, got {env[INTERVAL]!r}")
+        interval = int(interval)
         if interval < 0:
             raise ValueError(f"{INTERVAL} must be 0 or a positive multiple of the block size, got {interval}")
     algorithm = get(ALGORITHM) or "auto"
