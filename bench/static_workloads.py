@@ -334,17 +334,16 @@ def parse_layer(text: str):
     """A custom layer from 'mamba2:nheads=4,headdim=16,dstate=32,ngroups=1' or
     'mamba1:dim=64,dstate=16'; ValueError, naming the forms, for anything else."""
     kind, _, dims = text.partition(":")
+    fields = {"mamba2": {"nheads", "headdim", "dstate", "ngroups"}, "mamba1": {"dim", "dstate"}}.get(kind)
     try:
         values = {k: int(v) for k, v in (item.split("=") for item in dims.split(",") if item)}
-        shape = shape_from_record({"name": f"custom {text}", "kind": kind, **values})
-    except (ValueError, TypeError):
-        shape = None
-    fields = {"mamba2": {"nheads", "headdim", "dstate", "ngroups"}, "mamba1": {"dim", "dstate"}}.get(kind)
-    if (shape is None or set(values) != fields or min(values.values()) < 1
+    except ValueError:
+        values = None
+    if (values is None or set(values) != fields or min(values.values()) < 1
             or (kind == "mamba2" and values["nheads"] % values["ngroups"])):
         raise ValueError(f"a layer is {LAYER_FORMS} (positive ints, nheads a multiple of ngroups), "
                          f"got {text!r}")
-    return shape
+    return shape_from_record({"name": f"custom {text}", "kind": kind, **values})
 
 
 def layer_arg(text: str) -> str:
