@@ -137,25 +137,38 @@ class PrefixCache:
 
     def lookup(self, tokens: Sequence[Hashable]) -> Match:
         """Longest block-floored prefix of ``tokens`` in the tree (at most ``len - 1``) and the
-        deepest snapshot at or below it; refreshes that snapshot's recency."""
+        deepest snapshot at or below it; counts the lookup and refreshes that snapshot's recency
+        (:meth:`find` and :meth:`record` in one)."""
+        match = self.find(tokens)
+        self.record(match)
+        return match
+
+    def find(self, tokens: Sequence[Hashable]) -> Match:
+        """What :meth:`lookup` returns, with no change to the cache: neither the stats nor the
+        recency order move (an engine that may still refuse the request records it later)."""
         tokens = check_tokens("tokens", tokens)
         limit = max(len(tokens) - 1, 0) // self.block_size * self.block_size
         path, matched, _ = self._descend(tokens, limit)
-        entry = None
         # Snapshots on a node lie in (node.end - block_size, node.end], so the deepest node on
         # the matched path that has any holds the deepest usable one.
         for node in reversed(path):
             if node.snapshots:
                 entry = node.snapshots[max(node.snapshots)]
-                break
+                return Match(matched_tokens=matched, restore_point=entry.position, snapshot=entry.handle)
+        return Match(matched_tokens=matched, restore_point=0, snapshot=None)
+
+    def record(self, match: Match) -> None:
+        """Count a lookup that :meth:`find` answered with ``match`` and refresh its snapshot's
+        recency; its snapshot must still be held (no eviction since)."""
+        if match.snapshot is not None:
+            self._held(match.snapshot)
         self.stats.lookups += 1
-        self.stats.matched_tokens += matched
-        if entry is None:
-            return Match(matched_tokens=matched, restore_point=0, snapshot=None)
-        self._entries.move_to_end(entry.handle)
+        self.stats.matched_tokens += match.matched_tokens
+        if match.snapshot is None:
+            return
+        self._entries.move_to_end(match.snapshot)
         self.stats.hits += 1
-        self.stats.restored_tokens += entry.position
-        return Match(matched_tokens=matched, restore_point=entry.position, snapshot=entry.handle)
+        self.stats.restored_tokens += match.restore_point
 
     def branch_point(self, tokens: Sequence[Hashable]) -> int:
         """The block-floored position where ``tokens`` leave the tree: the number of their full

@@ -156,7 +156,13 @@ class Engine:
         if on_tokens is not None and not callable(on_tokens):
             raise TypeError(f"on_tokens must be a function of the pass length or None, got {type(on_tokens).__name__}")
         total = len(tokens)
-        match = self.cache.lookup(tokens)
+        # Found and planned before the cache records the lookup: a plan refused (too many
+        # passes) leaves the cache's stats and recency order as they were.
+        match = self.cache.find(tokens)
+        branch = self.cache.branch_point(tokens)
+        plan = plan_prefill(total, start=match.restore_point, interval=self.interval, policy=self.policy,
+                            branch_points=(branch,) if self.policy == "free" else (), **self.rules)
+        self.cache.record(match)
         snapshot = None if match.snapshot is None else self.snapshots[match.snapshot]
         kv = self.kv.gather(tokens, match.restore_point) if snapshot is not None else []
         if kv is None:  # unreachable while KV blocks are never evicted
@@ -165,9 +171,6 @@ class Engine:
             self.cache.pin(match.snapshot)  # the restore is in flight until this request is done
         try:
             state = self.model.restore(snapshot, kv)
-            branch = self.cache.branch_point(tokens)
-            plan = plan_prefill(total, start=match.restore_point, interval=self.interval, policy=self.policy,
-                                branch_points=(branch,) if self.policy == "free" else (), **self.rules)
             taken: dict[int, ModelSnapshot] = {}
             logits = []
             for p in plan.passes:

@@ -328,6 +328,23 @@ def test_last_token_logits_engine(model, references):
     assert warm.restore_point == 48 and torch.equal(warm.logits, references(tokens)[-1:])
 
 
+def test_a_request_the_planner_refuses_leaves_the_cache_as_it_was(model, monkeypatch):
+    import planner.plan
+
+    engine = Engine(model, policy="split", block_size=8, budget=16)
+    first, second = prompt(40, seed=1), prompt(40, seed=2)
+    engine.serve(first)
+    engine.serve(second)
+    before = (dataclasses.astuple(engine.cache.stats), engine.cache.handles())
+    monkeypatch.setattr(planner.plan, "MAX_PASSES", 3)  # the extension of first needs more from its hit
+    with pytest.raises(ValueError, match="raise budget"):
+        engine.serve(first + prompt(60, seed=3))
+    assert (dataclasses.astuple(engine.cache.stats), engine.cache.handles()) == before
+    monkeypatch.undo()
+    assert engine.serve(first + prompt(60, seed=3)).restore_point > 0  # first's snapshot is found and counted
+    assert engine.cache.stats.lookups == before[0][0] + 1 and engine.cache.stats.hits == before[0][1] + 1
+
+
 def test_engine_refuses_a_backend_that_cannot_run_on_the_model_s_device(monkeypatch):
     import ssm_kernels._triton
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import PrefixCache
+from planner import Match, PrefixCache
+
 
 PROPERTY = settings(max_examples=200, deadline=None)
 
@@ -159,6 +160,22 @@ def test_stats_count_lookups_hits_and_insertions():
     stats = cache.stats
     assert (stats.lookups, stats.hits, stats.stored, stats.not_stored) == (2, 1, 2, 0)
     assert (stats.matched_tokens, stats.restored_tokens) == (48, 40)
+
+
+def test_find_changes_nothing_and_record_counts_what_it_found():
+    cache = PrefixCache(16)
+    cache.insert(A, {16: "a", 40: "b"})
+    cache.insert([-1] * 20, {16: "c"})
+    order = cache.handles()
+    match = cache.find(A)
+    assert match == (48, 40, "b") and cache.stats.lookups == 0 and cache.handles() == order
+    cache.record(match)
+    assert cache.handles()[-1] == "b"
+    assert (cache.stats.lookups, cache.stats.hits, cache.stats.restored_tokens) == (1, 1, 40)
+    cache.record(cache.find([-2] * 30))  # a miss counts as a lookup only
+    assert (cache.stats.lookups, cache.stats.hits) == (2, 1)
+    with pytest.raises(ValueError, match="held snapshots"):
+        cache.record(Match(matched_tokens=16, restore_point=16, snapshot="gone"))
 
 
 def test_a_prompt_s_many_snapshots_take_one_walk():
