@@ -18,11 +18,13 @@ from .common import REPO_ROOT, fmt, markdown_table, text_table
 from .report import _ok, scan_grid, scan_short_table, serve_short_table
 
 
-def _load(path: Path):
+def _load(path: Path) -> dict | None:
+    """A benchmark's JSON object; None where the file is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def step_rows(folder: Path) -> list[list[str]]:

@@ -178,6 +178,16 @@ def test_the_summary_fails_a_step_that_ran_and_left_no_results(dry_run, tmp_path
         assert proc.returncode == expected, (status, proc.stdout[-2000:], proc.stderr[-2000:])
 
 
+def test_the_summary_takes_a_results_file_that_is_not_an_object_as_unreadable(tmp_path):
+    (tmp_path / "scan.json").write_text("[]")
+    (tmp_path / "serve.json").write_text('"text"')
+    for argv, said in (([], "scan.json missing or unreadable"), (["--readme"], "no full-size GPU scan results")):
+        proc = subprocess.run([sys.executable, "-m", "bench.summary", str(tmp_path), *argv], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, (argv, proc.stderr[-2000:])
+        assert said in proc.stdout + proc.stderr, (argv, proc.stdout[-2000:], proc.stderr[-2000:])
+
+
 def test_markdown_is_labelled(dry_run):
     out, _ = dry_run
     assert (out / "scan.md").read_text().startswith(f"# Scan benchmarks: {LABEL}")

@@ -130,11 +130,23 @@ def _compile(spec: dict) -> float:
     return time.perf_counter() - began
 
 
-def compile_all(path: str, jobs: int) -> dict:
+def load_launches(path: str) -> list[dict]:
+    """The launches that ``record`` wrote to ``path``; ValueError for a file it did not write."""
+    with open(path, "rb") as f:
+        try:
+            launches = pickle.load(f)
+        except Exception as e:  # unpickling a foreign file fails in many ways
+            raise ValueError(f"{path} is not a recording of launches (written by record): {e!r}") from None
+    if not (isinstance(launches, list) and all(isinstance(x, dict) and "module" in x for x in launches)):
+        raise ValueError(f"{path} is not a recording of launches (written by record): it holds a "
+                         f"{type(launches).__name__} that is not a list of launches")
+    return launches
+
+
+def compile_all(launches: list[dict], jobs: int) -> dict:
     os.environ["TRITON_INTERPRET"] = "0"  # before the kernels are defined: JITFunctions
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp())  # a cold cache: every one compiles
-    with open(path, "rb") as f:
-        specs = specialisations(pickle.load(f))
+    specs = specialisations(launches)
     began = time.perf_counter()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         seconds = list(pool.map(_compile, specs))
@@ -170,7 +182,11 @@ def main(argv=None) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if not os.path.isfile(args.specs):
         parser.error(f"no such file: {args.specs}")
-    result = compile_all(args.specs, args.jobs)
+    try:
+        launches = load_launches(args.specs)
+    except ValueError as e:
+        parser.error(str(e))
+    result = compile_all(launches, args.jobs)
     text = json.dumps(result, indent=1)
     if args.json:
         with open(args.json, "w") as f:

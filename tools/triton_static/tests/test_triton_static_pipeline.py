@@ -4,6 +4,7 @@ and read back, counted through the interpreter in a subprocess at two sizes, ext
 modelled."""
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,12 @@ def test_specialisations_of_a_test_run_are_recorded_and_compiled(tmp_path):
     assert result["specialisations"] == 2 and set(result["per_kernel"]) == {"_row_sum"}
     assert result["per_kernel"]["_row_sum"]["compile_s"] > 0
     assert {f.rsplit("/", 1)[-1] for f in result["per_file"]} == {"test_toy.py"}
+
+
+def test_specs_compile_refuses_a_file_it_did_not_record(tmp_path):
+    (tmp_path / "text.pkl").write_text("not a pickle")
+    (tmp_path / "dict.pkl").write_bytes(pickle.dumps({"a": 1}))
+    for name, said in (("text.pkl", "is not a recording of launches"), ("dict.pkl", "holds a dict")):
+        proc = subprocess.run([sys.executable, "-m", "triton_static.specs", "compile", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
