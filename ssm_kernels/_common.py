@@ -550,68 +550,63 @@ def _first_out_of_range(slots: list[int], rows, nslots: int | None) -> int | Non
     return next(r for r in rows if slots[r] < 0 or (nslots is not None and slots[r] >= nslots))
 
 
-def check_state_indices(state_indices, batch: int, nslots: int, state_name: str,
-                        name: str = "state_indices") -> None:
-    """The slots a decode batch updates in place: `state_indices` (distinct, in range; called
-    `name` in errors), or, where it is None, 0..batch-1, which must fit the nslots."""
-    if state_indices is None:
-        if nslots is not None and batch > nslots:
-            raise ValueError(f"without {name} the batch ({batch}) must not exceed {state_name}'s slots ({nslots})")
-        return
-    check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
-    slots = state_indices.tolist()
-    i = _first_out_of_range(slots, range(len(slots)), nslots)
-    if i is not None:
-        raise ValueError(f"{name}[{i}] = {slots[i]} is out of range for a {state_name} with {nslots} slots")
-    if len(set(slots)) != len(slots):
-        raise ValueError(f"{name} must be distinct: two rows updating one slot would race")
+def slot_error(name: str, i: int, slot: int, nslots: int | None, pool: str = "a state") -> ValueError:
+    """The error for entry i of the slot list `name` outside a pool of nslots (None: not known,
+    so the entry is below 0)."""
+    if nslots is None:
+        return ValueError(f"{name}[{i}] = {slot} must be >= 0")
+    return ValueError(f"{name}[{i}] = {slot} is out of range for {pool} with {nslots} slots")
 
 
-def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int | None) -> None:
+def check_decode_slots(state_indices, dst_state_indices, pad_slot_id, batch: int, nslots: int | None,
+                       state_name: str = "state", name: str = "state_indices") -> None:
     """The slots a decode batch reads (state_indices, default 0..batch-1) and writes
     (dst_state_indices, default the same) in a pool of nslots (None: not known, only >= 0 is
     checked): in range, or pad_slot_id in state_indices for a padded row; no two live rows writing
     one slot, and no row writing a slot that another live row reads (the rows run in parallel).
+    `state_name` and `name` are the pool's and state_indices' names in errors.
     (A decode step runs it on every call: a valid batch's checks are set and min/max operations.)"""
     pad_slot_id = check_optional_int("pad_slot_id", pad_slot_id)
     if state_indices is None:
         if nslots is not None and batch > nslots:
-            raise ValueError(f"without state_indices the batch ({batch}) must not exceed state's slots ({nslots})")
+            raise ValueError(f"without {name} the batch ({batch}) must not exceed {state_name}'s slots ({nslots})")
         sources = list(range(batch))
     else:
-        check_tensor("state_indices", state_indices, [("batch", batch)], INDEX_DTYPES)
+        check_tensor(name, state_indices, [("batch", batch)], INDEX_DTYPES)
         sources = state_indices.tolist()
     targets = None
     if dst_state_indices is not None:
         check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
         if state_indices is not None and dst_state_indices.device != state_indices.device:
-            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on "
+            raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but {name} is on "
                              f"{state_indices.device}")
         targets = dst_state_indices.tolist()
-    check_decode_slot_lists(sources, targets, pad_slot_id, nslots)
+    check_decode_slot_lists(sources, targets, pad_slot_id, nslots, pool=f"a {state_name}", name=name)
 
 
 def check_decode_slot_lists(sources: list[int], targets: list[int] | None, pad_slot_id: int | None,
-                            nslots: int | None) -> None:
-    """check_decode_slots on slots already read back to the host: sources (each row's state_indices
-    entry), targets (its dst_state_indices entry; None: the slot it reads)."""
+                            nslots: int | None, pool: str = "a state", name: str = "state_indices",
+                            pad_name: str = "pad_slot_id") -> None:
+    """check_decode_slots on slots already read back to the host: sources (each row's `name`
+    entry), targets (its dst_state_indices entry; None: the slot it reads); pad_slot_id is called
+    `pad_name` in errors."""
     batch = len(sources)
     live = range(batch) if pad_slot_id is None else [b for b, slot in enumerate(sources) if slot != pad_slot_id]
     b = _first_out_of_range(sources, live, nslots)
     if b is not None:
-        raise ValueError(f"state_indices[{b}] = {sources[b]} is out of range for a state with {nslots} slots"
-                         + ("" if pad_slot_id is None else f" (and is not pad_slot_id {pad_slot_id})"))
+        error = slot_error(name, b, sources[b], nslots, pool)
+        raise ValueError(str(error) + ("" if pad_slot_id is None else f" (and is not {pad_name} {pad_slot_id})"))
     if targets is None:
-        targets, name = sources, "state_indices"
+        targets, written_name = sources, name
     else:
-        name = "dst_state_indices"
+        written_name = "dst_state_indices"
         b = _first_out_of_range(targets, live, nslots)
         if b is not None:
-            raise ValueError(f"dst_state_indices[{b}] = {targets[b]} is out of range for a state with {nslots} slots")
+            raise slot_error("dst_state_indices", b, targets[b], nslots, pool)
     written, live_sources = ((targets, sources) if len(live) == batch else
                              ([targets[b] for b in live], [sources[b] for b in live]))
     if len(set(written)) != len(written):
-        raise ValueError(f"{name} must be distinct over the rows that are not padding: two rows updating one "
+        raise ValueError(f"{written_name} must be distinct over the rows that are not padding: two rows updating one "
                          "slot would race")
     # A row may write the slot it reads. Where each does (dst_state_indices None, or equal to
     # state_indices on the live rows), the written slots being distinct leaves no race.

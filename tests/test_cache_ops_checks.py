@@ -377,3 +377,22 @@ def test_has_initial_state_may_be_a_host_list_of_bools(backend, positions):
 def test_bad_has_initial_state_is_named(flags, error, message):
     with pytest.raises(error, match=message):
         cache_ops.prefill_batch(torch.tensor([0, 3, 5]), torch.tensor([0, 1]), has_initial_state=flags)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda L: cache_ops.prefill_batch(L([0, 3, 5]), L([0, 1, 2])),
+     r"state_indices must have shape \(nseq\) = \(2,\), got \(3,\)"),
+    (lambda L: cache_ops.prefill_batch(L([0, 3, 5]), L([0, 1]), capture_seq=L([[0, 0]]), capture_offset=L([1]),
+                                       capture_slot=L([2])), r"capture_seq must have 1 dimensions \(ncapture\)"),
+    (lambda L: cache_ops.prefill_batch(L([0, 3, 5]), L([0, 1]), capture_seq=L([0, 0]), capture_offset=L([1, 2]),
+                                       capture_slot=L([-1, 99]), nslots=4),
+     r"capture_slot\[1\] = 99 is out of range for a cache with 4 slots"),  # declined entries keep their index
+    (lambda L: cache_ops.prefill_batch(L([0, 3, 5]), L([-5, 1])), r"state_indices\[0\] = -5 must be >= 0$"),
+    (lambda L: cache_ops.decode_batch(L([[0, 1]])), r"state_indices must have 1 dimensions \(batch\)"),
+    (lambda L: cache_ops.decode_batch(L([-5, 1])), r"state_indices\[0\] = -5 must be >= 0 \(and is not skip_slot -1\)"),
+    (lambda L: cache_ops.decode_batch(L([0, 1]), dst_state_indices=L([-3, 1])),
+     r"dst_state_indices\[0\] = -3 must be >= 0$"),
+])
+def test_batch_errors_name_the_argument_its_size_and_index(make, message):
+    with pytest.raises(ValueError, match=message):
+        make(lambda values: torch.tensor(values))

@@ -44,8 +44,8 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_int, check_same_device,
-                       check_state_indices, check_tensor, check_tensor_args, check_written, make_sequences, new_output,
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_decode_slots, check_int,
+                       check_same_device, check_tensor, check_tensor_args, check_written, make_sequences, new_output,
                        resolve_backend)
 from ..scan import dispatch, mamba1_scan, mamba2_scan
 from ..scan import selective_state_update as _state_update
@@ -334,7 +334,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     tied = _broadcast_along(A, (1, 2)) and _broadcast_along(dt, (2,)) and _broadcast_along(dt_bias, (1,))
     A = _real_float("A", A, want_f32=True)
     check_written(written, read)
-    check_state_indices(state_batch_indices, batch, state.shape[0], "state", name="state_batch_indices")
+    check_decode_slots(state_batch_indices, None, None, batch, state.shape[0], name="state_batch_indices")
     slots = (torch.arange(batch, device=state.device) if state_batch_indices is None
              else state_batch_indices.to(state.device, torch.int64))
 

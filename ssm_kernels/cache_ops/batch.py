@@ -16,7 +16,7 @@ import torch
 
 from .._common import (INDEX_DTYPES, CaptureTable, Sequences, capture_lists, capture_table, check_bool,
                        check_decode_slot_lists, check_optional_int, check_tensor, host_ints,
-                       int_tables, lengths_from_bounds)
+                       int_tables, lengths_from_bounds, slot_error)
 from ..scan import mamba2_chunked
 from ..scan.algorithm import check_start_positions
 from ..scan.mamba2_chunked.tables import make_chunk_tables, plan_chunks
@@ -90,11 +90,6 @@ class DecodeBatch:
     skip_slot: int | None
     extremes: tuple = ()  # as in PrefillBatch
     launches: dict = field(init=False, default_factory=dict, compare=False, repr=False)  # as in PrefillBatch
-
-
-def _index(name, t, n):
-    check_tensor(name, t, [("nseq" if n is None else "batch", n)], INDEX_DTYPES)
-    return t
 
 
 def slot_extremes(name, slots, live=None):
@@ -206,7 +201,7 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
     nseq = cu_seqlens.shape[0] - 1
     if nseq < 0:
         raise ValueError("cu_seqlens must hold at least one entry (0)")
-    _index("state_indices", state_indices, nseq)
+    check_tensor("state_indices", state_indices, [("nseq", nseq)], INDEX_DTYPES)
     device = cu_seqlens.device
     if state_indices.device != device:
         raise ValueError(f"state_indices is on {state_indices.device} but cu_seqlens is on {device}")
@@ -225,7 +220,7 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
             capture_offset = host_ints("capture_offset", capture_offset, ncap)
             tensors = (("capture_slot", capture_slot),)
         else:
-            _index("capture_seq", capture_seq, None)
+            check_tensor("capture_seq", capture_seq, [("ncapture", None)], INDEX_DTYPES)
             ncap = capture_seq.shape[0]
             for name, t in (("capture_offset", capture_offset), ("capture_slot", capture_slot)):
                 check_tensor(name, t, [("ncapture", ncap)], INDEX_DTYPES)
@@ -356,8 +351,8 @@ def _validate_prefill(bounds, slots, capture_seq, capture_offset, capture_slot, 
         raise ValueError("state_indices must be distinct (apart from skip_slot): two rows writing one slot would race")
     if capture_seq is None:
         return
+    _check_slots("capture_slot", capture_slot, skip_slot, nslots)
     cap_slots = [s for s in capture_slot if s != skip_slot]
-    _check_slots("capture_slot", cap_slots, None, nslots)
     if len(set(cap_slots)) != len(cap_slots):
         raise ValueError("capture_slot must be distinct: two captures writing one slot would race")
     if set(cap_slots) & set(live):
@@ -384,7 +379,7 @@ def _check_slots(name, slots, skip_slot, nslots):
         if slot == skip_slot:
             continue
         if slot < 0 or (nslots is not None and slot >= nslots):
-            raise ValueError(f"{name}[{i}] = {slot} is out of range for a cache with {nslots} slots")
+            raise slot_error(name, i, slot, nslots, "a cache")
 
 
 def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID, nslots=None,
@@ -400,11 +395,11 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
             None computes every row.
         nslots, validate: as in prefill_batch.
     """
-    _index("state_indices", state_indices, None)
+    check_tensor("state_indices", state_indices, [("batch", None)], INDEX_DTYPES)
     batch = state_indices.shape[0]
     device = state_indices.device
     if dst_state_indices is not None:
-        _index("dst_state_indices", dst_state_indices, batch)
+        check_tensor("dst_state_indices", dst_state_indices, [("batch", batch)], INDEX_DTYPES)
         if dst_state_indices.device != device:
             raise ValueError(f"dst_state_indices is on {dst_state_indices.device} but state_indices is on {device}")
     skip_slot = check_optional_int("skip_slot", skip_slot)
@@ -419,7 +414,7 @@ def decode_batch(state_indices, *, dst_state_indices=None, skip_slot=PAD_SLOT_ID
         if dst_slots is not None:
             extremes += slot_extremes("dst_state_indices", dst_slots, live)
         if validate:  # the rows run in parallel, as in selective_state_update
-            check_decode_slot_lists(slots, dst_slots, skip_slot, nslots)
+            check_decode_slot_lists(slots, dst_slots, skip_slot, nslots, pool="a cache", pad_name="skip_slot")
     cu = torch.arange(batch + 1, dtype=torch.int64, device=device)
     seqs = Sequences(cu, [1] * batch, varlen=False)
     dst = None if dst_state_indices is None else dst_state_indices.contiguous()

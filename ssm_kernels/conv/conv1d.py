@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _replay
-from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_same_device, check_state_indices,
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_decode_slots, check_same_device,
                        check_tensor, check_tensor_args, check_written, make_capture_table, make_sequences,
                        new_output, resolve_backend)
 from .problem import ConvProblem, ConvResult
@@ -133,7 +133,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, stat
         device = check_same_device(x=x, conv_state=conv_state, weight=weight, bias=bias,
                                    state_indices=state_indices)
         check_written(dict(conv_state=conv_state), dict(x=x, weight=weight, bias=bias, state_indices=state_indices))
-        check_state_indices(state_indices, x.shape[0], conv_state.shape[0], "conv_state")
+        check_decode_slots(state_indices, None, None, x.shape[0], conv_state.shape[0], state_name="conv_state")
     else:
         dim, silu, device = x.shape[1], activation is not None, x.device
     batch = x.shape[0]
