@@ -183,6 +183,13 @@ def check_int(name: str, value, minimum: int | None = None) -> int:
     return value
 
 
+def check_choice(name: str, value, choices: tuple):
+    """`value` if it is one of `choices`, else ValueError naming `name` and the choices."""
+    if not any(value == c for c in choices if type(value) is type(c)):  # unhashable values and 1 == True alike
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
 def check_optional_int(name: str, value, minimum: int | None = None) -> int | None:
     """As check_int, None passing through (a slot id that may be absent, say)."""
     return None if value is None else check_int(name, value, minimum)
@@ -333,8 +340,10 @@ class Sequences:
 
 def lengths_from_bounds(bounds: list[int]) -> list[int]:
     """Sequence lengths from cu_seqlens' values (host ints), which must start at 0 and not decrease."""
-    if len(bounds) < 1 or bounds[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {bounds[:1]}")
+    if len(bounds) < 1:
+        raise ValueError("cu_seqlens must hold at least one entry (0)")
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     for s, length in enumerate(lengths):
         if length < 0:
@@ -633,8 +642,7 @@ def resolve_backend(backend: str, device: torch.device, triton_runs_on_cpu: bool
     triton_runs_on_cpu defaults to whether the kernels were defined under TRITON_INTERPRET=1."""
     if triton_runs_on_cpu is None:
         triton_runs_on_cpu = _triton.RUNS_ON_CPU
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda" and not (device.type == "cpu" and triton_runs_on_cpu):

@@ -359,8 +359,9 @@ def test_bad_hidden_states_and_captures_are_rejected():
         layer(torch.randn(1, 3, HIDDEN), capture=[(0, 4)])
     with pytest.raises(ValueError, match="position is defined for a single-sequence state"):
         layer.initial_state(2).position
-    with pytest.raises(ValueError, match="hidden_act must be 'silu'"):
+    with pytest.raises(ValueError, match=r"hidden_act must be one of \('silu', 'swish'\), got 'gelu'"):
         mamba2(hidden_act="gelu")
+    assert mamba2(hidden_act="swish") is not None  # swish is silu
     for other in (mamba2(), mamba1()):
         with pytest.raises(TypeError,
                            match="hidden_states must have the layer's dtype torch.float32, got torch.bfloat16"):

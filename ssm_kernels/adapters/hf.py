@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import BACKENDS, check_int
+from .._common import BACKENDS, check_choice, check_int
 from ..layers import Snapshot
 from . import hf_cache
 from .hf_mixers import FAMILIES, FORWARDS, PassContext, geometry
@@ -200,8 +200,7 @@ def use_ssm_kernels(model, *, backend: str = "auto"):
         The same model. Raises NotImplementedError for a model with an SSM mixer this adapter
         does not know, ValueError for one without any (nothing is patched then).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     found = _discover(model)
     geometries = [geometry(mixer, family) for mixer, family in found]
     layers = [g.layer_idx for g in geometries]

@@ -207,9 +207,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         varlen_states (nseq, nheads, headdim, dstate) in C's dtype (each sequence's last state,
         rounded to nearest even from float32 for 16-bit C, as mamba_ssm returns them).
     """
-    chunk = check_int("chunk_size", chunk_size)
-    if chunk < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk}")
+    check_int("chunk_size", chunk_size, 1)
     check_tensor_args(dict(x=x, dt=dt, A=A, B=B, C=C), dict(D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
                                                            seq_idx=seq_idx, cu_seqlens=cu_seqlens))
     for name, flag in (("dt_softplus", dt_softplus), ("return_final_states", return_final_states),
@@ -226,12 +224,9 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if seq_idx is None:
         varlen_capture = None
         if return_varlen_states:
-            check_tensor("cu_seqlens", cu_seqlens, [("nseq + 1", None)])
             if batch != 1:
                 raise ValueError(f"return_varlen_states needs a packed batch of size 1, got batch {batch}")
-            bounds = cu_seqlens.tolist()
-            if not bounds or bounds[0] != 0 or bounds[-1] != seqlen or any(b < a for a, b in zip(bounds, bounds[1:])):
-                raise ValueError(f"cu_seqlens must rise from 0 to seqlen = {seqlen}, got {bounds}")
+            bounds = make_sequences(batch, seqlen, cu_seqlens, x.device).host_bounds()  # validates cu_seqlens
             varlen_capture = [(0, end) for end in bounds[1:]]
         result = mamba2_scan(x, dt, A, B, C, z=z, initial_states=initial_states, capture=varlen_capture, **common)
         out, final_states, varlen_states = result.y, result.final_states, result.captured_states

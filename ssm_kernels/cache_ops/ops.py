@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .._common import (FLOAT_DTYPES, check_bool, check_dt_limit, check_same_device, check_tensor,
+from .._common import (FLOAT_DTYPES, check_bool, check_choice, check_dt_limit, check_same_device, check_tensor,
                        check_tensor_args, check_written, resolve_backend)
 from ..conv.problem import ConvProblem
 from ..conv.torch_kernel import run_torch as run_conv_torch
@@ -294,8 +294,7 @@ def _check_conv(x, weight, bias, conv_state, out, activation):
         check_tensor("bias", bias, [("dim", dim)], FLOAT_DTYPES + (torch.float64,))
     _check_cache("conv_state", conv_state, [("dim", dim), ("width - 1", width - 1)])
     _check_out("out", out, x.shape, x.dtype)
-    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_choice("activation", activation, ACTIVATIONS)
     device = check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state, out=out)
     # The Triton kernel stores a tile's outputs before it reads the inputs of the conv states
     # from x: out over x would put outputs into the states.

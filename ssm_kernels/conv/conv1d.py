@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import _replay
-from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_decode_slots, check_same_device,
-                       check_tensor, check_tensor_args, check_written, make_capture_table, make_sequences,
-                       new_output, resolve_backend)
+from .._common import (FLOAT_DTYPES, NO_CAPTURES, Sequences, check_bool, check_choice, check_decode_slots,
+                       check_same_device, check_tensor, check_tensor_args, check_written, make_capture_table,
+                       make_sequences, new_output, resolve_backend)
 from .problem import ConvProblem, ConvResult
 from .torch_kernel import run_torch
 from .triton_kernel import run_triton
@@ -33,8 +33,7 @@ def _check_params(x, weight, bias, activation, *, token_dims):
         raise ValueError(f"width must be at least 1, got weight of shape {tuple(weight.shape)}")
     if bias is not None:
         check_tensor("bias", bias, [("dim", dim)], WEIGHT_DTYPES)
-    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_choice("activation", activation, ACTIVATIONS)
     return dim, width, activation is not None
 
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._common import (BACKENDS, FLOAT_DTYPES, check_bool, check_fits, check_int, check_tensor, check_tensor_args,
-                       check_written, make_capture_table, make_sequences)
+from .._common import (BACKENDS, FLOAT_DTYPES, check_bool, check_choice, check_fits, check_int, check_tensor,
+                       check_tensor_args, check_written, make_capture_table, make_sequences)
 from ..scan import MAX_DSTATE
 from .rows import exact_linear, exact_rowwise
 
@@ -50,10 +50,8 @@ def check_mixer_args(sizes: dict, flags: dict, positive: dict, *, hidden_act, ba
     if positive.get("time_step_min", 0) > positive.get("time_step_max", math.inf):
         raise ValueError(f"time_step_min ({positive['time_step_min']}) must not exceed time_step_max "
                          f"({positive['time_step_max']})")
-    if hidden_act not in HIDDEN_ACTS:
-        raise ValueError(f"hidden_act must be 'silu' (the conv kernel's activation), got {hidden_act!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("hidden_act", hidden_act, HIDDEN_ACTS)  # the conv kernel's activation
+    check_choice("backend", backend, BACKENDS)
     if dtype is not None and dtype not in FLOAT_DTYPES:
         allowed = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
         raise TypeError(f"dtype must be {allowed} or None (the kernels' dtypes), got {dtype!r}")
@@ -72,12 +70,6 @@ class ShortRepr:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{f.name}={_short(getattr(self, f.name))}' for f in fields(self))})"
-
-
-def _check_position(name: str, position) -> None:
-    """A position is a count of tokens consumed: an int >= 0."""
-    if check_int(name, position) < 0:
-        raise ValueError(f"{name} must be >= 0, got {position}")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -207,7 +199,7 @@ class SSMMixer(nn.Module):
         for i, snap in enumerate(snapshots):
             if not isinstance(snap, Snapshot):
                 raise TypeError(f"snapshots[{i}] must be a Snapshot, got {type(snap).__name__}")
-            _check_position(f"snapshots[{i}].position", snap.position)
+            check_int(f"snapshots[{i}].position", snap.position, 0)  # tokens consumed
             check_tensor_args({f"snapshots[{i}].conv": snap.conv, f"snapshots[{i}].ssm": snap.ssm})
             for part, got, want in (("conv", snap.conv, self.conv_state_shape),
                                     ("ssm", snap.ssm, self.ssm_state_shape)):
@@ -239,7 +231,7 @@ class SSMMixer(nn.Module):
         if len(state.positions) != nseq:
             raise ValueError(f"state.positions must hold {nseq} positions, got {len(state.positions)}")
         for s, position in enumerate(state.positions):
-            _check_position(f"state.positions[{s}]", position)
+            check_int(f"state.positions[{s}]", position, 0)
         return state
 
     # -- passes ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._common import check_dt_limit
+from .._common import check_choice, check_dt_limit
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba2_chunked, mamba2_scan, selective_state_update
 from .common import SSMMixer, check_mixer_args
@@ -74,8 +74,7 @@ class Mamba2Mixer(SSMMixer):
                  time_step_floor=time_step_floor),
             hidden_act=hidden_act, backend=backend, dtype=dtype, groups=("num_heads", "n_groups")).values()
         time_step_limit = check_dt_limit(time_step_limit)
-        if algorithm not in mamba2_chunked.ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {mamba2_chunked.ALGORITHMS}, got {algorithm!r}")
+        check_choice("algorithm", algorithm, mamba2_chunked.ALGORITHMS)
         if chunk_size is not None:
             mamba2_chunked.check_chunk_size(chunk_size)
         self.hidden_size = hidden_size

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._common import Sequences, check_int
+from .._common import Sequences, check_choice, check_int
 
 ALGORITHMS = ("recurrent", "chunked", "auto")
 MIN_CHUNK_SIZE = 16
@@ -44,9 +44,7 @@ class ChunkedRules:
 
     def resolve_algorithm(self, algorithm, device: torch.device, seqs: Sequences) -> str:
         """Validate `algorithm` and resolve "auto" to "recurrent" or "chunked" (see the module doc)."""
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        if algorithm != "auto":
+        if check_choice("algorithm", algorithm, ALGORITHMS) != "auto":
             return algorithm
         longest = max(seqs.lengths, default=0)
         return "chunked" if device.type == "cuda" and longest >= self.auto_min_tokens else "recurrent"
