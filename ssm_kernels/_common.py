@@ -397,7 +397,11 @@ class CaptureTable:
     Sequence s owns entries [ptr[s], ptr[s + 1]); entry i asks for the state after offset[i]
     tokens, written to row[i] of the capture buffer (its index in the caller's order).
     All three are int64 tensors on the tensors' device, or None when there is no capture (no
-    transfer for a call without captures); `entries` holds the same on the host.
+    transfer for a call without captures); `entries` holds the same on the host. An engine's
+    batch (cache_ops.prefill_batch) also holds: ptr alone where nothing is captured; entries
+    (sequence, offset, None) with the rows (cache slots) on the device only, for a batch built
+    from host data (host_rows reads them back); entries [None] * n, declined captures counted,
+    for a batch sorted on the device (PrefillBatch.device_only; host_view reads its tables back).
     """
 
     ptr: torch.Tensor | None

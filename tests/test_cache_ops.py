@@ -321,3 +321,41 @@ def test_tensor_parallel_head_slices_give_the_full_layer(backend):
         else:
             assert_rel_close(y_rank, y[:, heads], 1e-6, "y")
             assert_rel_close(cache, full[:, heads], 1e-6, "states")
+
+
+def test_the_pytorch_paths_read_a_device_only_batch_back_once():
+    """A batch whose lengths and captures stayed on the device (a CUDA batch built with
+    validate=False and no start_positions; made here on CPU tensors through the same builder):
+    the PyTorch paths read its tables back once a step and give the on-host batch's bits, a
+    declined capture among the others included (they had walked its placeholder lengths and
+    computed nothing, or failed on its captures)."""
+    from ssm_kernels.cache_ops import batch as batch_module
+
+    captures = CAPTURES[:2] + [(1, 3, -1)] + CAPTURES[2:]  # a declined capture, placeholder values
+    cu = torch.tensor([0] + torch.tensor(LENGTHS).cumsum(0).tolist())
+    seq, off, slot = (torch.tensor(c) for c in zip(*captures))
+    args = (cu, torch.tensor(SLOTS), torch.tensor(HAS_INIT), seq, off, slot, -1)
+    on_host = cache_ops.prefill_batch(*args[:2], has_initial_state=args[2], capture_seq=seq, capture_offset=off,
+                                      capture_slot=slot, nslots=NSLOTS)
+    T, H, P, G, N, dim = sum(LENGTHS), 2, 4, 1, 8, 6
+    x, dt, A = torch.randn(T, H, P), torch.randn(T, H), -(torch.rand(H) + 0.5)
+    B, C = torch.randn(T, G, N), torch.randn(T, G, N)
+    u, delta, A1 = torch.randn(dim, T), torch.randn(dim, T), -(torch.rand(dim, N) + 0.5)
+    xc, weight = torch.randn(dim, T), torch.randn(dim, 4)
+    caches = (torch.randn(NSLOTS, H, P, N), torch.randn(NSLOTS, dim, N), torch.randn(NSLOTS, dim, 3))
+    results = []
+    for batch in (on_host, batch_module._device_batch(*args)):
+        assert batch.device_only == (batch is not on_host)
+        state2, state1, conv = (c.clone() for c in caches)
+        y2, y1, yc = torch.zeros_like(x), torch.zeros_like(u), torch.zeros_like(xc)
+        cache_ops.mamba2_prefill(batch, x, dt, A, B, C, ssm_state=state2, out=y2, backend="torch", validate=False)
+        cache_ops.mamba1_prefill(batch, u, delta, A1, B[:, 0].T, C[:, 0].T, ssm_state=state1, out=y1,
+                                 backend="torch", validate=False)
+        cache_ops.conv_prefill(batch, xc, weight, conv_state=conv, out=yc, activation="silu", backend="torch",
+                               validate=False)
+        results.append((y2, y1, yc, state2, state1, conv))
+        if batch.device_only:
+            assert list(batch.prepared) == ["host view"]  # read back once for the three layers
+    for name, got, want in zip(("y2", "y1", "yc", "state2", "state1", "conv"), results[1], results[0]):
+        assert torch.equal(got, want), name
+    assert results[0][0].abs().sum() > 0

@@ -55,9 +55,11 @@ def test_captures_into_a_cache_of_the_inputs_16_bit_dtype(dtype, device):
     kw = {k: v.to(device=device, dtype=dtype if k in ("x", "B", "C", "z") else v.dtype) for k, v in kw.items()}
     results = []
     for fused in (True, False):
+        with torch.device(device):  # the batch's tensors beside the pass's
+            batch = test_cache_ops_chunked._batch()
         with tk.fused_pass(fused):
             out, slots = torch.zeros_like(kw["x"][0]), cache.to(device, copy=True)
-            test_cache_ops_chunked._mamba2_prefill(test_cache_ops_chunked._batch(), kw, slots, out, backend="triton",
+            test_cache_ops_chunked._mamba2_prefill(batch, kw, slots, out, backend="triton",
                                                    algorithm="chunked", chunk_size=test_cache_ops_chunked.CHUNK)
             results.append((out, slots))
     for what, fused, five in zip(("y", "cache"), *results):

@@ -10,7 +10,7 @@ and asynchronous scheduling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -58,6 +58,13 @@ class PrefillBatch:
     ntokens: int | None = None
     prepared: dict = field(init=False, default_factory=dict, compare=False, repr=False)
     launches: dict = field(init=False, default_factory=dict, compare=False, repr=False)
+
+    @property
+    def device_only(self) -> bool:
+        """Whether the lengths and captures are on the device only (a CUDA batch built with
+        validate=False and no start_positions): seqs.lengths are placeholders, and the PyTorch
+        paths take host_view(batch)."""
+        return self.host is None and self.ntokens is None
 
 
 @dataclass(frozen=True)
@@ -243,11 +250,8 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         capture_seq, capture_offset = int_tables(device, capture_seq, capture_offset)
     on_host = device.type == "cpu" or validate or start_positions is not None
     if not on_host:
-        # The kernels read lengths from cu_seqlens on the device; the host list only carries the count.
-        captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, skip_slot) if ncap \
-            else _no_captures(nseq, device)
-        return PrefillBatch(Sequences(cu, [0] * nseq, varlen=True), state_indices, has_initial_state, captures,
-                            skip_slot)
+        return _device_batch(cu, state_indices, has_initial_state, capture_seq, capture_offset, capture_slot,
+                             skip_slot)
     want_flags = start_positions is not None and has_initial_host is None and has_initial_state is not None
     bounds, slots, flags, cap_seq, cap_offset, cap_slot = _read_back(
         cu_seqlens, state_indices, has_initial_state if want_flags else None,
@@ -274,6 +278,33 @@ def prefill_batch(cu_seqlens, state_indices, *, has_initial_state=None, capture_
         host = HostStep(positions, slots, has_initial_host,
                         [(s, k, slot) for s, k, slot in written if slots[s] != skip_slot])
     return PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot, host, extremes, bounds[-1])
+
+
+def _device_batch(cu, state_indices, has_initial_state, capture_seq, capture_offset, capture_slot,
+                  skip_slot) -> PrefillBatch:
+    """prefill_batch with nothing read back: the kernels read lengths from cu_seqlens on the
+    device, the host list only carries the count (placeholder lengths: device_only)."""
+    nseq = cu.shape[0] - 1
+    captures = _device_captures(capture_seq, capture_offset, capture_slot, nseq, skip_slot) \
+        if capture_slot is not None and capture_slot.shape[0] else _no_captures(nseq, cu.device)
+    return PrefillBatch(Sequences(cu, [0] * nseq, varlen=True), state_indices, has_initial_state, captures, skip_slot)
+
+
+def host_view(batch: PrefillBatch) -> PrefillBatch:
+    """The batch with its lengths and captures on the host, as the PyTorch paths walk them: the
+    batch itself, or for a device_only one a copy read back once a step (one transfer)."""
+    if not batch.device_only:
+        return batch
+
+    def read_back():
+        cap = batch.captures
+        bounds, ptr, offsets, rows = _read_back(batch.seqs.cu_seqlens, cap.ptr, cap.offset, cap.row)
+        nseq = batch.seqs.count
+        entries = [(s, offsets[i], rows[i]) for s in range(nseq) for i in range(ptr[s], ptr[s + 1])]
+        return replace(batch, seqs=Sequences(batch.seqs.cu_seqlens, lengths_from_bounds(bounds),
+                                                         varlen=True),
+                                   captures=CaptureTable(cap.ptr, cap.offset, cap.row, entries), ntokens=bounds[-1])
+    return per_step(batch, "host view", read_back)
 
 
 def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, capture_offset, capture_slot,

@@ -31,7 +31,7 @@ from ..scan.problem import ScanProblem, check_scan_sizes
 from ..scan.triton_kernel import dt_table_shape
 from . import chunked
 from .. import _replay as replay
-from .batch import DecodeBatch, PrefillBatch, step_scratch
+from .batch import DecodeBatch, PrefillBatch, host_view, step_scratch
 
 F32 = (torch.float32,)
 ACTIVATIONS = (None, "silu", "swish")
@@ -131,6 +131,7 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
     else:
         device, dt_limit = x.device, (float(dt_limit[0]), float(dt_limit[1]))
     backend = resolve_backend(backend, device)
+    batch = host_view(batch) if backend == "torch" else batch  # the PyTorch paths walk host lengths
     chunk_size = mamba2_chunked.check_chunk_size(chunk_size)
     algorithm = chunked.resolve(algorithm, batch, device, mamba2_chunked.RULES)
 
@@ -243,6 +244,7 @@ def mamba1_prefill(batch: PrefillBatch, u, delta, A, B, C, *, ssm_state, out, D=
     else:
         device, ngroups = u.device, 1 if B.ndim == 2 else B.shape[0]
     backend = resolve_backend(backend, device)
+    batch = host_view(batch) if backend == "torch" else batch  # the PyTorch paths walk host lengths
     chunk_size = mamba1_chunked.check_chunk_size(chunk_size)
     rows = lambda t: None if t is None else t.unflatten(0, (ngroups, -1)).permute(2, 0, 1).unsqueeze(0)
     bc = lambda t: (t.unsqueeze(0) if t.ndim == 2 else t).permute(2, 0, 1).unsqueeze(0)  # (1, T, G, N)
@@ -324,6 +326,7 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
     else:
         device = x.device
     backend = resolve_backend(backend, device)
+    batch = host_view(batch) if backend == "torch" else batch  # the PyTorch paths walk host lengths
 
     def call():
         seqs = batch.seqs
