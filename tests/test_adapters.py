@@ -419,6 +419,38 @@ def test_decode_step_captures(family, device):
             assert torch.equal(s.conv, hf_cache.linear_layer(cache, s.layer).conv_states[0][row, :, 1:])
 
 
+class _DeviceReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts reads of a tensor's value on the host (int(), bool(), .item(): each waits on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
+def test_a_decode_step_reads_nothing_back(family, device):
+    """No capture asked: a decode step neither reads the layers' positions nor tests the mask
+    for padding on the host (each had waited on the device once a layer); captures after it are
+    placed and refused as before."""
+    model, _ = build(family, device)
+    use_ssm_kernels(model)
+    ids, dec = inputs(device)
+    cache = DynamicCache(config=model.config)
+    run(model, ids, cache, 0, attention_mask=torch.ones_like(ids))
+    for i in range(2):
+        with _DeviceReads() as reads:
+            run(model, dec[:, i:i + 1], cache, PROMPT + i,
+                attention_mask=torch.ones(ids.shape[0], PROMPT + i + 1, dtype=ids.dtype, device=ids.device))
+        assert reads.count == 0
+    with capture_states(model, offsets=[1]) as snaps:
+        run(model, dec[:, 2:3], cache, PROMPT + 2)
+    assert set(snaps.positions) == {PROMPT + 3}
+
+
 @pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
 def test_decode_step_leaves_transformers_conv_state(family, device):
     """A decode step updates the conv cache in place to what transformers' own step leaves, bit

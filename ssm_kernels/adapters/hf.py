@@ -85,28 +85,51 @@ class _Adapter:
         self.request: _Request | None = None
         # The absolute position each SSM layer of a cache is at, for the caches this adapter ran.
         self._positions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # The caches a padded pass ran on since their states began (a row's positions are then not
-        # the pass positions, and a one-token step's mask no longer shows the padding).
-        self.padded: weakref.WeakSet = weakref.WeakSet()
+        # Per cache, whether every pass since its states began was unpadded (a padded one leaves a
+        # row's positions off the pass positions, and a one-token step's mask no longer shows the
+        # padding): a bool tensor on the mask's device, read back only where a pass captures.
+        self._unpadded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def note_pass(self, cache, fresh: bool, attention_mask) -> None:
+        """Record whether a pass on ``cache`` was padded, without reading the mask back."""
+        if fresh or attention_mask is None:
+            if fresh:
+                self._unpadded.pop(cache, None)
+            if attention_mask is None:
+                return
+        unpadded = torch.all(attention_mask != 0)
+        held = self._unpadded.get(cache)
+        self._unpadded[cache] = unpadded if held is None else held & unpadded
+
+    def was_padded(self, cache) -> bool:
+        """Whether a pass on ``cache`` since its states began was padded (one read back)."""
+        held = self._unpadded.get(cache)
+        return held is not None and not bool(held)
+
+    def forget_padding(self, cache) -> None:
+        self._unpadded.pop(cache, None)
 
     def position(self, cache, layer_idx):
         """Where SSM layer ``layer_idx`` of ``cache`` is: the layer's own count where the release
-        keeps one (a crop moves it back), else what this adapter's passes recorded."""
-        layer = hf_cache.linear_layer(cache, layer_idx)
-        count = hf_cache.token_count(layer)
-        return count if count is not None else self._positions.get(cache, {}).get(layer_idx)
+        keeps one (a crop moves it back; reading it waits on the device), else what this
+        adapter's passes recorded."""
+        return self._positions_of(cache, [layer_idx])[0]
+
+    def _positions_of(self, cache, layer_idxs):
+        counts = hf_cache.token_counts([hf_cache.linear_layer(cache, i) for i in layer_idxs])
+        table = self._positions.get(cache, {})
+        return [table.get(i) if count is None else count for i, count in zip(layer_idxs, counts)]
 
     def cache_position(self, cache):
         """The position every SSM layer of ``cache`` is at (0 when none holds a state yet), or None
         when that is unknown (a pass this adapter did not run, on a release that keeps no count)
-        or the layers disagree."""
-        found = set()
-        for layer_idx in self.mixers:
-            try:
-                layer = hf_cache.linear_layer(cache, layer_idx)
-            except (TypeError, ValueError):
-                return None
-            found.add(self.position(cache, layer_idx) if hf_cache.has_previous(layer) else 0)
+        or the layers disagree. The layers' counts are read back in one transfer."""
+        try:
+            layers = {i: hf_cache.linear_layer(cache, i) for i in self.mixers}
+        except (TypeError, ValueError):
+            return None
+        advanced = [i for i, layer in layers.items() if hf_cache.has_previous(layer)]
+        found = set(self._positions_of(cache, advanced)) | ({0} if len(advanced) < len(layers) else set())
         return found.pop() if len(found) == 1 else None
 
     def set_position(self, cache, layer_idx, position):
@@ -415,7 +438,7 @@ def restore_states(model, cache, snapshots, *, position: int | None = None):
         if adapter is not None:
             adapter.set_position(cache, layer_idx, at)
     if adapter is not None:
-        adapter.padded.discard(cache)  # snapshots come from unpadded passes only
+        adapter.forget_padding(cache)  # snapshots come from unpadded passes only
     return cache
 
 

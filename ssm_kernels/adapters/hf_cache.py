@@ -44,11 +44,25 @@ def record_past(layer) -> bool:
     return bool(getattr(layer, "record_past", False))
 
 
-def token_count(layer) -> int | None:
-    """The tokens the layer has seen (its position), where the release keeps the count (from
-    5.25; a crop moves it back), else None."""
-    count = getattr(layer, "cumulative_length_linear", None)
-    return None if count is None else int(count)
+def token_counts(layers) -> list[int | None]:
+    """The tokens each layer has seen (its position), where the release keeps the count (from
+    5.25; a crop moves it back), else None. The counts are 0-d tensors on the states' devices,
+    read back in one transfer a device."""
+    counts = [getattr(layer, "cumulative_length_linear", None) for layer in layers]
+    found: list[int | None] = [None if c is None or isinstance(c, torch.Tensor) else int(c) for c in counts]
+    by_device: dict = {}
+    for i, c in enumerate(counts):
+        if isinstance(c, torch.Tensor):
+            by_device.setdefault(c.device, []).append(i)
+    for rows in by_device.values():
+        for i, value in zip(rows, torch.stack([counts[i].reshape(()) for i in rows]).tolist()):
+            found[i] = int(value)
+    return found
+
+
+def keeps_count(layer) -> bool:
+    """Whether the release keeps the layer's position itself (token_counts)."""
+    return getattr(layer, "cumulative_length_linear", None) is not None
 
 
 def kept_offsets(cache, layer_idx: int, seqlen: int) -> list[int]:

@@ -197,16 +197,18 @@ class PassContext:
     def begin(self, cache, layer, batch, seqlen, attention_mask):
         """(start position or None, sorted capture offsets) of this layer's pass."""
         fresh = cache is None or not hf_cache.has_previous(layer)
-        start = 0 if fresh else self.adapter.position(cache, self.geometry.layer_idx)
-        offsets = self.adapter.capture_offsets(start, seqlen, self.geometry.layer_idx)
-        padded = attention_mask is not None and not bool(torch.all(attention_mask != 0))
+        adapter, layer_idx = self.adapter, self.geometry.layer_idx
+        if fresh:
+            start = 0
+        elif adapter.request is None and hf_cache.keeps_count(layer):
+            start = None  # not needed: no capture, and the layer keeps its position (reading it waits on the device)
+        else:
+            start = adapter.position(cache, layer_idx)
+        offsets = adapter.capture_offsets(start, seqlen, layer_idx)
         if cache is not None:
-            if fresh:
-                self.adapter.padded.discard(cache)
-            if padded:
-                self.adapter.padded.add(cache)
-            padded = cache in self.adapter.padded
-        if offsets and padded:
+            adapter.note_pass(cache, fresh, attention_mask)
+        if offsets and (adapter.was_padded(cache) if cache is not None else
+                        attention_mask is not None and not bool(torch.all(attention_mask != 0))):
             raise ValueError("captures need an unpadded batch: this pass or an earlier one on its cache has padding "
                              "(attention_mask has zeros), so a row's token positions are not the pass positions")
         return start, offsets
