@@ -13,9 +13,10 @@ flag (a releasing atomic exchange after a barrier). The kernel time over L fits 
 is the cost of one hop.
 
 On a GPU: CUDA-event kernel time (median of --repeats) per L, the fitted hop in microseconds, and
-the chain's values checked against the recurrence. Without one (--reduced, forced): the Triton
-interpreter runs short chains and checks the values only; no time is reported. Results: chain.json
-and chain.md in --out (default bench/results/<date>-gpu-chain, or -cpu-reduced-chain).
+the chain's values checked against the recurrence. With --reduced (forced without a GPU, where the
+Triton interpreter runs them): short chains, their values checked only; no time is reported.
+Results: chain.json and chain.md in --out (default bench/results/<date>-gpu-chain, -gpu-reduced-chain
+or -cpu-reduced-chain).
 """
 from __future__ import annotations
 
@@ -131,16 +132,18 @@ def main(argv=None) -> int:
         parser.error(f"--lengths needs two different lengths at least (a line is fitted), got {args.lengths}")
     if any(n < 1 or n & (n - 1) for n in args.tile):
         parser.error(f"--tile must be two powers of two (a Triton block), got {args.tile[0]} {args.tile[1]}")
-    reduced = args.reduced or not torch.cuda.is_available()
+    on_gpu = torch.cuda.is_available()
+    reduced = args.reduced or not on_gpu
     block_p, block_n = args.tile
-    env = {"device": torch.cuda.get_device_name() if not reduced else "cpu (Triton interpreter)",
+    env = {"device": torch.cuda.get_device_name() + (" (reduced)" if reduced else "") if on_gpu
+           else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__,
            "commit": git_commit().get("commit", "unknown")[:12], "date": datetime.date.today().isoformat(),
            "chains": args.chains, "tile": [block_p, block_n], "reduced": reduced}
     rows = []
-    if reduced:  # the interpreter: short chains, values only
+    if reduced:  # short chains, values only (on CPU through the interpreter)
         for length in (1, 3):
-            check(run_chains(2, length, 4, 8, "cpu"))
+            check(run_chains(2, length, 4, 8, "cuda" if on_gpu else "cpu"))
             rows.append({"length": length, "ms": None})
     else:
         for length in args.lengths:
@@ -149,14 +152,15 @@ def main(argv=None) -> int:
     lines = [f"# State hand-off along a chain of programs ({env['device']}; triton {env['triton']}; "
              f"commit {env['commit']}; {env['date']})", ""]
     if reduced:
-        lines.append("Reduced (Triton interpreter): 2 chains of 1 and of 3 programs, a 4 x 8 tile, their values "
-                     "checked against the recurrence; no times.")
+        lines.append(f"Reduced ({'compiled' if on_gpu else 'Triton interpreter'}): 2 chains of 1 and of 3 programs, "
+                     "a 4 x 8 tile, their values checked against the recurrence; no times.")
     else:
         lines += [f"{args.chains} chains a launch, an fp32 {block_p} x {block_n} tile a hop; every chain's values "
                   "checked against the recurrence.", "",
                   markdown_table(["chain length", "kernel ms"], [[r["length"], f"{r['ms']:.4f}"] for r in rows]), "",
                   f"Fitted: {hop[0] * 1e3:.2f} us a hop, {hop[1] * 1e3:.1f} us at length 0."]
-    out = args.out or RESULTS_DIR / f"{env['date']}-{'cpu-reduced' if reduced else 'gpu'}-chain"
+    kind = ("gpu" if on_gpu else "cpu") + ("-reduced" if reduced else "")
+    out = args.out or RESULTS_DIR / f"{env['date']}-{kind}-chain"
     save_results(out, "chain", {"environment": env, "rows": rows, "hop_us": hop[0] * 1e3 if hop else None,
                                 "base_us": hop[1] * 1e3 if hop else None}, "\n".join(lines) + "\n")
     return 0

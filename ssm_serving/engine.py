@@ -201,6 +201,8 @@ class Engine:
         finally:
             if snapshot is not None:
                 self.cache.unpin(match.snapshot)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)  # wall_s counts the request's GPU work, its last pass's too
         return ServeResult(
             total=total, matched=match.matched_tokens, restore_point=match.restore_point,
             replayed=total - match.restore_point, ssm_replayed=match.matched_tokens - match.restore_point,

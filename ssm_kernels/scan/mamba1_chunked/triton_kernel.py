@@ -69,8 +69,8 @@ def _stage_bc_kernel(B_ptr, C_ptr, stage_ptr, cu_seqlens_ptr, phases_ptr, seqlen
     chunk's positions (zeros outside the pass). The chunk kernel then reads every chunk from an
     aligned address, so its loads (and the layout Triton derives from them, which fixes the
     order of the in-chunk scan) are the same for dense and varlen passes and any start."""
-    i_s = tl.program_id(0).to(tl.int64)
-    i_k = tl.program_id(1).to(tl.int64)
+    i_k = tl.program_id(0).to(tl.int64)  # the chunk on the first axis: CUDA caps the others at 65535
+    i_s = tl.program_id(1).to(tl.int64)
     i_g = tl.program_id(2).to(tl.int64)
     i_b, bos, length = sequence_span(cu_seqlens_ptr, i_s, seqlen, IS_VARLEN)
     phase = length - length
@@ -317,7 +317,7 @@ def run_triton(p: ScanProblem, chunk: int, start_positions: list[int], ws: Works
     cap = p.captures
     steps, loop = capture_steps(cap, chunk, start_positions)
     if nchunks:
-        launch(_stage_bc_kernel, (nseq, nchunks, ngroups),
+        launch(_stage_bc_kernel, (nchunks, nseq, ngroups),
             p.B, p.C, stage, ptr_or(p.seqs.cu_seqlens, out), ptr_or(phases, out), p.x.shape[1], dstate, ngroups,
             nchunks, *p.B.stride(), *p.C.stride(), **flags_for(_stage_bc_kernel, p), HAS_POSITIONS=phases is not None,
             BLOCK_N=nr * nl, CHUNK=chunk, num_warps=4, **EXACT_ROUNDING)
