@@ -255,10 +255,10 @@ def per_name_ms(events, runs: int) -> dict[str, float]:
     return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
-def copy_bandwidth(device: torch.device, opts: TimingOptions, nbytes: int | None = None) -> dict:
-    """Device-to-device copy bandwidth: bytes read + written per second by `dst.copy_(src)`."""
-    if nbytes is None:
-        nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
+def copy_bandwidth(device: torch.device, opts: TimingOptions) -> dict:
+    """Device-to-device copy bandwidth: bytes read + written per second by `dst.copy_(src)` of
+    1 GiB on a GPU (32 MiB on the CPU)."""
+    nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
     timing, _ = time_fn(lambda: dst.copy_(src), device, opts)
@@ -267,12 +267,6 @@ def copy_bandwidth(device: torch.device, opts: TimingOptions, nbytes: int | None
     return {"buffer_bytes": nbytes, "bytes_moved": moved, "ms": timing.ms,
             "GBps": moved / (timing.ms * 1e6), "method": timing.method,
             "what": "dst.copy_(src) on one device; bytes read + written"}
-
-
-def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """RMS of the difference over the RMS of `expected` (as tests/helpers.py)."""
-    a, e = actual.double(), expected.double()
-    return ((a - e).pow(2).mean().sqrt() / e.pow(2).mean().sqrt().clamp_min(1e-300)).item()
 
 
 def release_memory(device: torch.device) -> None:
@@ -332,8 +326,8 @@ def save_results(out: Path, name: str, data: dict, text: str) -> None:
     print(text)
 
 
-def fmt(value, digits: int = 3) -> str:
-    """A figure for a table: 3 significant digits, '-' for missing."""
+def fmt(value) -> str:
+    """A figure for a table: 3 significant digits (whole numbers below a million), '-' for missing."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, int):
@@ -341,9 +335,9 @@ def fmt(value, digits: int = 3) -> str:
     if isinstance(value, float):
         if value == 0:
             return "0"
-        if abs(value) >= 10 ** digits:
+        if abs(value) >= 1000:
             return f"{value:.3g}" if abs(value) >= 1e6 else f"{value:.0f}"
-        return f"{value:.{digits}g}"
+        return f"{value:.3g}"
     return str(value)
 
 

@@ -34,10 +34,11 @@ from . import use_triton_interpreter
 
 use_triton_interpreter()  # the interpreter without CUDA; before Triton and the kernels are imported
 from . import common, peers as peers_mod, report, workloads as wl  # noqa: E402
-from .common import Budget, Terminated, TimingOptions, rel_error, time_fn  # noqa: E402
+from .common import Budget, Terminated, TimingOptions, time_fn  # noqa: E402
 import ssm_kernels  # noqa: E402
 from planner import tail_split_point  # noqa: E402
 from ssm_kernels.scan.mamba2_chunked import ALGORITHMS, AUTO_CHUNKED_MIN_TOKENS, DEFAULT_CHUNK_SIZE  # noqa: E402
+from ssm_kernels.scan.reference import rel_error  # noqa: E402
 
 try:  # the fused chunked pass (opt-in), measured beside the five stages where the library has it
     from ssm_kernels.scan.mamba2_chunked.triton_kernel import fused_pass

@@ -39,8 +39,9 @@ import torch  # noqa: E402
 
 from . import workloads as wl  # noqa: E402
 from .common import (RESULTS_DIR, Budget, Terminated, bench_device, configured, git_commit,  # noqa: E402
-                     install_sigterm_handler, kernel_times, markdown_table, rel_error, save_results,
+                     install_sigterm_handler, kernel_times, markdown_table, save_results,
                      time_budget)
+from ssm_kernels.scan.reference import rel_error  # noqa: E402
 
 CONFIGS: dict[str, dict] = {
     "default": {},

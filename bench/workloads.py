@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ssm_kernels.layers.common import dt_bias_init
+
 F32 = 4
 
 
@@ -113,12 +115,6 @@ def cu_seqlens_of(lengths: list[int], device) -> torch.Tensor:
     return torch.tensor(bounds, dtype=torch.int32, device=device)
 
 
-def _dt_bias(n: int, device, generator) -> torch.Tensor:
-    """Mamba's dt_bias initialisation: softplus(dt_bias) log-uniform in [1e-3, 1e-1]."""
-    dt = torch.exp(torch.rand(n, generator=generator) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-    return (dt + torch.log(-torch.expm1(-dt))).to(device)
-
-
 def mamba2_inputs(shape: Mamba2Shape, ntokens: int, device, dtype=torch.bfloat16, seed: int = 0) -> dict:
     """Inputs of one Mamba-2 pass over `ntokens` tokens (batch row 0; varlen via cu_seqlens).
 
@@ -135,7 +131,7 @@ def mamba2_inputs(shape: Mamba2Shape, ntokens: int, device, dtype=torch.bfloat16
         x=randn(1, ntokens, H, P), dt=randn(1, ntokens, H) * 0.5,
         A=-torch.exp(torch.rand(H, generator=g) * math.log(16.0)).to(device),
         B=randn(1, ntokens, G, N), C=randn(1, ntokens, G, N),
-        D=torch.ones(H, device=device), dt_bias=_dt_bias(H, device, g),
+        D=torch.ones(H, device=device), dt_bias=dt_bias_init(H, generator=g).to(device),
     )
 
 
@@ -152,7 +148,7 @@ def mamba1_inputs(shape: Mamba1Shape, ntokens: int, device, dtype=torch.bfloat16
         u=randn(1, Dm, ntokens), delta=randn(1, Dm, ntokens) * 0.5,
         A=-torch.arange(1, N + 1, dtype=torch.float32).repeat(Dm, 1).to(device),
         B=randn(1, N, ntokens), C=randn(1, N, ntokens), z=randn(1, Dm, ntokens),
-        D=torch.ones(Dm, device=device), delta_bias=_dt_bias(Dm, device, g),
+        D=torch.ones(Dm, device=device), delta_bias=dt_bias_init(Dm, generator=g).to(device),
     )
 
 
@@ -169,7 +165,7 @@ def decode_inputs(shape: Mamba2Shape, batch: int, device, dtype=torch.bfloat16, 
         x=randn(batch, H, P), dt=randn(batch, H) * 0.5,
         A=-torch.exp(torch.rand(H, generator=g) * math.log(16.0)).to(device),
         B=randn(batch, G, N), C=randn(batch, G, N),
-        D=torch.ones(H, device=device), dt_bias=_dt_bias(H, device, g),
+        D=torch.ones(H, device=device), dt_bias=dt_bias_init(H, generator=g).to(device),
     )
 
 

@@ -42,7 +42,8 @@ class InsertResult:
     the trailing partial block (no match can ever reach them) or already held (the existing
     snapshot is kept). ``evicted``: handles of held snapshots evicted to respect
     ``max_snapshots`` (possibly ones stored by this call). ``freed``: every handle the owner
-    may release now, i.e. those of ``not_stored`` followed by ``evicted``.
+    may release now: those of ``not_stored`` that the cache does not hold (a handle given again
+    for a state it holds is kept), followed by ``evicted``.
     """
 
     stored: tuple[int, ...]

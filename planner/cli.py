@@ -56,18 +56,18 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Print the prefill passes of one prompt, their in-pass captures and "
         "snapshots, and where a warm follow-up request restores, per policy.",
     )
-    plan.add_argument("--total", type=_int_at_least(0), required=True, help="prompt tokens")
+    plan.add_argument("--total", type=int_argument(0), required=True, help="prompt tokens")
     _add_rule_arguments(plan)
     plan.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
-    plan.add_argument("--start", type=_int_at_least(0), default=0,
+    plan.add_argument("--start", type=int_argument(0), default=0,
                       help="plan [start, total), as after a restore at start (default 0)")
-    plan.add_argument("--branch-point", type=_int_at_least(0), action="append", default=[],
+    plan.add_argument("--branch-point", type=int_argument(0), action="append", default=[],
                       metavar="POSITION",
                       help="capture here under 'free' (repeatable; other policies "
                       "cannot capture there)")
-    plan.add_argument("--shared-tokens", type=_int_at_least(0), default=None,
+    plan.add_argument("--shared-tokens", type=int_argument(0), default=None,
                       help="tokens the follow-up shares with this prompt (default: all)")
-    plan.add_argument("--request-total", type=_int_at_least(1), default=None,
+    plan.add_argument("--request-total", type=int_argument(1), default=None,
                       help="the follow-up's length (default: this prompt's)")
     plan.add_argument("--json", action="store_true", help="print JSON instead of tables")
     plan.set_defaults(run=_run_plan, parser=plan)
@@ -80,10 +80,10 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_rule_arguments(sim)
     sim.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
     sim.add_argument("--trace", choices=("chat", "system", "agent", "all"), default="all")
-    sim.add_argument("--seed", type=_int_at_least(0), default=0)
-    sim.add_argument("--scale", type=_int_at_least(1), default=1,
+    sim.add_argument("--seed", type=int_argument(0), default=0)
+    sim.add_argument("--scale", type=int_argument(1), default=1,
                      help="multiply the number of requests per trace (default 1)")
-    sim.add_argument("--max-snapshots", type=_int_at_least(0), default=None,
+    sim.add_argument("--max-snapshots", type=int_argument(0), default=None,
                      help="cap on cached snapshots (default: unbounded)")
     sim.add_argument("--eviction", choices=EVICTION_POLICIES, default="lru")
     sim.add_argument("--per-token-ms", type=_cost_ms, default=DEFAULT_PER_TOKEN_MS,
@@ -97,17 +97,17 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_rule_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block-size", type=_int_at_least(1), default=DEFAULTS["block_size"],
+    parser.add_argument("--block-size", type=int_argument(1), default=DEFAULTS["block_size"],
                         help="KV block size in tokens (default %(default)s)")
-    parser.add_argument("--budget", type=_int_at_least(1), default=DEFAULTS["budget"],
+    parser.add_argument("--budget", type=int_argument(1), default=DEFAULTS["budget"],
                         help="prefill budget per pass (default %(default)s)")
-    parser.add_argument("--first-budget", type=_int_at_least(0),
+    parser.add_argument("--first-budget", type=int_argument(0),
                         default=DEFAULTS["first_budget"],
                         help="budget of the first pass, 0 for the plain budget "
                         "(default %(default)s)")
-    parser.add_argument("--interval", type=_int_at_least(0), default=DEFAULTS["interval"],
+    parser.add_argument("--interval", type=int_argument(0), default=DEFAULTS["interval"],
                         help="snapshot every this many blocks, 0 for none (default %(default)s)")
-    parser.add_argument("--grid", type=_int_at_least(1), default=1,
+    parser.add_argument("--grid", type=int_argument(1), default=1,
                         help="put passes and snapshots on multiples of this (the chunked scan's "
                         "chunk size, whose restores are exact only there; default 1: anywhere)")
 
@@ -323,14 +323,16 @@ def _count(number: int, one: str, many: str) -> str:
     return f"{number} {one if number == 1 else many}"
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
+def int_argument(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high] (no upper bound when high is None)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}" if high is None
+                                             else f"must be from {low} to {high}, got {value}")
         return value
 
     return parse

@@ -23,12 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo._check(args.parser, args)
-        return demo.run(args)
-    parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
-    return 2
+    args = parser.parse_args(argv)  # "demo", the one command (argparse refuses any other)
+    demo._check(args.parser, args)
+    return demo.run(args)
 
 
 if __name__ == "__main__":

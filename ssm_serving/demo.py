@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from planner import POLICIES, plan_prefill
+from planner.cli import int_argument
 from ssm_kernels import MAX_DSTATE
 
 from .engine import Engine
@@ -86,21 +87,7 @@ def _scale(text: str) -> int:
     return value
 
 
-def _int_from(low: int, high: int | None = None):
-    """An argparse type: an int in [low, high] (no upper bound when high is None)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}" if high is None
-                                             else f"must be from {low} to {high}, got {value}")
-        return value
-    return parse
-
-
-_positive = _int_from(1)
+_positive = int_argument(1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -114,16 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--scans", nargs="+", choices=SCANS, default=list(SCANS), metavar="SCAN",
                         help=f"Mamba scans to serve with (default: both of {', '.join(SCANS)})")
     parser.add_argument("--layers", type=_positive, default=4, help="model layers (default 4)")
-    parser.add_argument("--attention-every", type=_int_from(0), default=2,
+    parser.add_argument("--attention-every", type=int_argument(0), default=2,
                         help="every n-th layer is attention, the rest Mamba-2 (default 2; 0: none)")
     parser.add_argument("--hidden", type=_positive, default=64, help="model width, a multiple of 16 (default 64)")
-    parser.add_argument("--state-size", type=_int_from(1, MAX_DSTATE), default=16,
+    parser.add_argument("--state-size", type=int_argument(1, MAX_DSTATE), default=16,
                         help=f"Mamba-2 state size, at most {MAX_DSTATE} (default 16)")
     parser.add_argument("--vocab", type=_positive, default=256, help="vocabulary size (default 256)")
-    parser.add_argument("--seed", type=_int_from(0), default=0, help="seed of the weights and the prompt (default 0)")
+    parser.add_argument("--seed", type=int_argument(0), default=0,
+                        help="seed of the weights and the prompt (default 0)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when available (default)")
-    parser.add_argument("--threads", type=_int_from(1, os.cpu_count() or 1), default=1,
+    parser.add_argument("--threads", type=int_argument(1, os.cpu_count() or 1), default=1,
                         help="CPU threads for torch, at most the CPUs (default 1: the model's ops are token-sized, "
                              "and extra threads only spin, badly so on a shared machine)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -1,5 +1,5 @@
-"""The one comparison helper (relative error against float64), shared input makers, and a count
-of an index tensor's reads to the host."""
+"""The one comparison helper (relative error against float64: ssm_kernels.scan.reference.rel_error),
+shared input makers, and a count of an index tensor's reads to the host."""
 from __future__ import annotations
 
 import contextlib
@@ -7,16 +7,10 @@ from unittest import mock
 
 import torch
 
+from ssm_kernels.scan.reference import rel_error
+
 # RMS-relative error allowed against the float64 reference, per input dtype.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
-
-
-def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """RMS of the difference over RMS of the float64 reference (on the CPU, wherever each is)."""
-    actual, expected = actual.double().cpu(), expected.double().cpu()
-    diff = actual - expected
-    scale = expected.pow(2).mean().sqrt()
-    return (diff.pow(2).mean().sqrt() / scale.clamp_min(1e-300)).item()
 
 
 def assert_rel_close(actual, expected, tol, name="tensor"):

@@ -227,7 +227,7 @@ def test_a_model_moved_to_another_dtype_is_refused_clearly():
         Engine(moved, policy="split", block_size=8, budget=16)
 
 
-@pytest.mark.parametrize("block_size, error", [(0, ValueError), (True, ValueError), (16.0, ValueError)])
+@pytest.mark.parametrize("block_size, error", [(0, ValueError), (True, TypeError), (16.0, TypeError)])
 def test_kv_block_store_refuses_a_bad_block_size(block_size, error):
     with pytest.raises(error, match=f"block_size must be an int >= 1, got {block_size!r}"):
         KVBlockStore(block_size)

@@ -9,7 +9,8 @@ import torch
 
 from bench import ablate, output_variants, sweep
 from bench import workloads as wl
-from bench.common import Budget, rel_error
+from bench.common import Budget
+from ssm_kernels.scan.reference import rel_error
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # Triton's tensors
 

@@ -58,6 +58,15 @@ def check_mixer_args(sizes: dict, flags: dict, positive: dict, *, hidden_act, ba
     return ints
 
 
+def dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1, dt_floor: float = 0.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Mamba's dt bias initialisation (float32, on the CPU): softplus^-1 of a dt log-uniform in
+    [dt_min, dt_max], at least dt_floor."""
+    dt = torch.exp(torch.rand(n, generator=generator) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = dt.clamp(min=dt_floor)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
 def _short(value) -> str:
     """A tensor as its shape and dtype (a repr, not the data); anything else as its repr."""
     if isinstance(value, torch.Tensor):

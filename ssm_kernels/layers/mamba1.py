@@ -9,7 +9,7 @@ from torch import nn
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba1_scan
 from ..scan.mamba1 import mamba1_step_unchecked
-from .common import SSMMixer, check_mixer_args
+from .common import SSMMixer, check_mixer_args, dt_bias_init
 
 
 class Mamba1Mixer(SSMMixer):
@@ -68,9 +68,7 @@ class Mamba1Mixer(SSMMixer):
         A = torch.arange(1, self.ssm_state_size + 1, dtype=torch.float32).expand(self.intermediate_size, -1)
         self.A_log.copy_(torch.log(A))
         self.D.fill_(1.0)
-        dt = torch.exp(torch.rand(self.intermediate_size) * (math.log(dt_max) - math.log(dt_min))
-                       + math.log(dt_min)).clamp(min=dt_floor)
-        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.dt_proj.bias.copy_(dt_bias_init(self.intermediate_size, dt_min, dt_max, dt_floor))
 
     @classmethod
     def from_config(cls, config, **kwargs) -> "Mamba1Mixer":

@@ -10,7 +10,7 @@ from torch import nn
 from .._common import check_choice, check_dt_limit
 from ..conv import causal_conv1d, causal_conv1d_update
 from ..scan import mamba2_chunked, mamba2_scan, selective_state_update
-from .common import SSMMixer, check_mixer_args
+from .common import SSMMixer, check_mixer_args, dt_bias_init
 
 
 class GatedRMSNorm(nn.Module):
@@ -111,9 +111,7 @@ class Mamba2Mixer(SSMMixer):
         log-uniform dt in [dt_min, dt_max]."""
         self.A_log.copy_(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.float32)))
         self.D.fill_(1.0)
-        dt = torch.exp(torch.rand(self.num_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
-        dt = dt.clamp(min=dt_floor)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.dt_bias.copy_(dt_bias_init(self.num_heads, dt_min, dt_max, dt_floor))
 
     @classmethod
     def from_config(cls, config, **kwargs) -> "Mamba2Mixer":

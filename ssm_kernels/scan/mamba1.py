@@ -42,7 +42,7 @@ def mamba1_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_sof
             "recurrent" (one token at a time) or "chunked" (parallel in time). Pass "recurrent"
             where passes must agree bit for bit at any split.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 256
-            (default 64). Ignored by "recurrent".
+            (default 64). Checked, but not used, by "recurrent".
         start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
             position of each sequence's first token in this pass (default 0). The chunked
             algorithm puts its chunk boundaries at the multiples of chunk_size of these absolute

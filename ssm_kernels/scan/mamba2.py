@@ -103,7 +103,7 @@ def mamba2_scan(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=Fal
             "recurrent" (one token at a time) or "chunked" (matmuls inside chunks; fast on GPU for
             long passes). Pass "recurrent" where passes must agree bit for bit at any split.
         chunk_size: tokens per chunk of the chunked algorithm, a power of two from 16 to 1024
-            (default 256). Ignored by "recurrent".
+            (default 256). Checked, but not used, by "recurrent".
         start_positions: (nseq,) ints (a sequence or a 1-D int tensor), optional: the absolute
             position of each sequence's first token in this pass (default 0). The chunked
             algorithm puts its chunk boundaries at the multiples of chunk_size of these absolute

@@ -13,6 +13,14 @@ import torch.nn.functional as F
 from .._common import ScanResult
 
 
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """RMS of the difference over the RMS of the float64 reference ``expected`` (on the CPU,
+    wherever each is): the accuracy measure the tests hold each dtype to."""
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    scale = expected.pow(2).mean().sqrt()
+    return ((actual - expected).pow(2).mean().sqrt() / scale.clamp_min(1e-300)).item()
+
+
 def _f64(t):
     return None if t is None else t.to(torch.float64)
 

@@ -37,11 +37,12 @@ MAX_SEED = 2**64 - 1  # torch.manual_seed's range
 
 
 def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
-    """``value`` if it is an int (not a bool) in [minimum, maximum] (no upper bound when None),
-    else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
-            maximum is not None and value > maximum):
-        expected = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    """``value`` if it is an int (not a bool: TypeError) in [minimum, maximum] (no upper bound when
+    None; ValueError), naming ``name``."""
+    expected = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int {expected}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
         raise ValueError(f"{name} must be an int {expected}, got {value!r}")
     return value
 

@@ -15,8 +15,9 @@ checked at engine start). What it changes:
   keeps only the prompt's tail. Mamba-1 layers get vLLM's in-pass tail checkpoint too, and no
   pass is cut at a shared-prefix junction any more (its state is captured in-pass instead).
 - Prefill scans run the algorithm `SSM_KERNELS_VLLM_PREFILL_ALGORITHM` names (mixers.py):
-  "auto" (default: chunked on CUDA, recurrent on CPU), "chunked" or "recurrent". Captures stay
-  in-pass with either.
+  "auto" (default: chunked on CUDA where the step's longest sequence has the chunked scan's
+  AUTO_CHUNKED_MIN_TOKENS, recurrent elsewhere and on CPU), "chunked" or "recurrent". Captures
+  stay in-pass with either.
 
 It checks vLLM's version (0.32.x, 0.33.x) and, in vLLM's source, every method it patches or calls
 and every attribute it reads (compat.py's table, which CI also checks against the newest release's

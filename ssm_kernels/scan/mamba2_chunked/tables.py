@@ -30,7 +30,7 @@ from ..._common import CaptureTable, Sequences, cache_stream, int_tables
 
 
 class Chunk(NamedTuple):
-    """A row of ChunkTables.chunks: a chunk of a sequence."""
+    """An item of ChunkTables.chunk_list: a chunk of a sequence (the span of a ChunkRow)."""
 
     batch_row: int
     start: int  # its first token on the time axis
