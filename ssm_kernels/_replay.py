@@ -219,7 +219,7 @@ def _same_launch(x: _Launch, y: _Launch, scratch: tuple) -> bool:
         if type(u) is not type(v):
             return False
         if not isinstance(u, torch.Tensor):
-            if u != v:
+            if _exact(u) != _exact(v):
                 return False
         elif u.dtype != v.dtype:
             return False
@@ -227,6 +227,16 @@ def _same_launch(x: _Launch, y: _Launch, scratch: tuple) -> bool:
                 position in y.allocated and u.shape == v.shape and u.stride() == v.stride()):
             return False
     return True
+
+
+def _exact(value):
+    """`value` with each float as its bits (float.hex): 0.0 == -0.0, and a launch with one is not
+    a launch with the other (a clamp to -0.0 gives -0.0)."""
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, tuple):
+        return tuple(_exact(v) for v in value)
+    return value
 
 
 def _stream():
@@ -259,7 +269,7 @@ def run(launches: dict, op: tuple, tensors: tuple, call: Callable[[], None], fre
     present), with `op` its name and every other argument; or, where `launches` (an engine step's,
     or a public pass's: module doc) holds two recordings alike for tensors laid out as these, its
     launches with these tensors (and, fresh, new scratch)."""
-    key = (op, tensors[0].device,
+    key = (_exact(op), tensors[0].device,
            tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
     entry = launches.get(key)
     if entry is None:

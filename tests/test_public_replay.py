@@ -3,6 +3,7 @@ their launches are replayed (the chunked Mamba-2 scan: mamba2_chunked.run; the r
 and conv kernels' calls: _replay.run_public; all with fresh scratch), and each replay gives the bits of
 a fresh call, for every argument that decides the launches. The capture tables of like calls are
 one table (make_capture_table)."""
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -73,6 +74,7 @@ def test_later_calls_replay_and_give_a_fresh_passs_bits(name, runs, device):
 CHANGES = {
     "captures in another order": dict(capture=[(0, 5), (0, 30)]),
     "dt_limit": dict(dt_limit=(0.01, 0.5)),
+    "dt_limit's lower bound -0.0, not 0.0": dict(dt_limit=(-0.0, math.inf)),  # equal as floats, not as bits
     "dt_softplus": dict(dt_softplus=False),
     "start positions": dict(start_positions=[5]),
     "chunk size": dict(chunk_size=32),
@@ -236,6 +238,7 @@ def test_recurrent_calls_replay_and_give_a_fresh_calls_bits(name, recurrent_runs
 RECURRENT_CHANGES = {
     "other sequences, same shapes": lambda device: _mamba2(device, cu=(0, 9, 20, 20, 31)),
     "dt_limit": lambda device: _mamba2(device, dt_limit=(0.01, 0.5)),
+    "dt_limit's lower bound -0.0, not 0.0": lambda device: _mamba2(device, dt_limit=(-0.0, math.inf)),
     "no captures": lambda device: _mamba2(device, capture=None),
     "no pad_slot_id": lambda device: _decode(device, pad_slot_id=None,
                                              state_indices=torch.tensor([3, 0, 1], device=device),

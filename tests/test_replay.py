@@ -316,3 +316,20 @@ def test_a_replayed_op_still_checks_its_arguments(on_the_device):
     layer["out"] = layer["x"]
     with pytest.raises(ValueError, match="out"):
         op(batch, **layer, backend="triton")
+
+
+def test_a_layer_on_the_other_chunked_pass_is_not_replayed_from_the_five_stages(on_the_device):
+    """The fused pass's setting is part of what decides an engine op's launches: a step's layer
+    under fused_pass() after layers on the five stages runs its own (and its bits)."""
+    five, _, make_layer = OPS["mamba2_prefill chunked"]
+    fused = OPS["mamba2_prefill chunked, fused"][0]
+    layers = [{k: v.to(on_the_device) for k, v in make_layer().items()} for _ in range(4)]
+    want = {k: v.clone() for k, v in layers[3].items()}
+    fused(_prefill_batch(), **want, backend="triton")
+    batch = _prefill_batch()
+    for layer in layers[:3]:
+        five(batch, **layer, backend="triton")
+    fused(batch, **layers[3], backend="triton")
+    assert len(batch.launches) == 2, "the fused layer took the five stages' launches"
+    for k, v in want.items():
+        assert torch.equal(layers[3][k], v), k

@@ -147,7 +147,8 @@ def mamba2_prefill(batch: PrefillBatch, x, dt, A, B, C, *, ssm_state, out, D=Non
         table = step_scratch(batch, "dt table", dt_table_shape(problem), torch.float32, device) \
             if backend == "triton" else None
         dispatch.run(problem, backend, table)
-    _launch(batch, backend, ("mamba2_prefill", algorithm, chunk_size, dt_softplus, dt_limit),
+    fused = algorithm == "chunked" and mamba2_chunked.triton_kernel.fused_pass_enabled()  # another pass's launches
+    _launch(batch, backend, ("mamba2_prefill", algorithm, chunk_size, dt_softplus, dt_limit, fused),
             (x, dt, A, B, C, D, z, dt_bias, ssm_state, out), call)
 
 
