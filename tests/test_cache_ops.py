@@ -359,3 +359,31 @@ def test_the_pytorch_paths_read_a_device_only_batch_back_once():
     for name, got, want in zip(("y2", "y1", "yc", "state2", "state1", "conv"), results[1], results[0]):
         assert torch.equal(got, want), name
     assert results[0][0].abs().sum() > 0
+
+
+@pytest.mark.runs_triton
+def test_conv_prefill_launches_over_the_longest_sequence_not_the_pass(monkeypatch):
+    """A batch with host lengths (as an engine builds it) sizes the conv's grid by its longest
+    sequence; only a device-only batch (lengths unknown on the host) covers the whole pass."""
+    from ssm_kernels.cache_ops import batch as batch_module
+    from ssm_kernels.conv import triton_kernel as conv_triton
+
+    grids, real = [], conv_triton.launch
+
+    def launch(kernel, grid, *args, **kwargs):
+        grids.append(grid)
+        real(kernel, grid, *args, **kwargs)
+    monkeypatch.setattr(conv_triton, "launch", launch)
+    lengths = [130, 3, 0, 1, 140]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    x, weight = torch.randn(8, sum(lengths)), torch.randn(8, 4)
+    slots = torch.arange(len(lengths))
+    outs = []
+    for batch in (cache_ops.prefill_batch(cu, slots, nslots=8),
+                  batch_module._device_batch(cu, slots, None, None, None, None, -1)):
+        out = torch.zeros_like(x)
+        cache_ops.conv_prefill(batch, x, weight, conv_state=torch.zeros(8, 8, 3), out=out, activation="silu",
+                               backend="triton")
+        outs.append(out)
+    assert grids[0][0] < grids[1][0]  # time tiles: of 140 tokens, of the pass's 274
+    assert torch.equal(outs[0], outs[1])

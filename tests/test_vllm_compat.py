@@ -51,6 +51,10 @@ FILES = {
 
         def helper(data, device=None):
             return data
+
+        PAD = -1
+        NULL: int = 0
+        SIZE = 2 * 8
         """,
     "vllm/reexport.py": "from vllm.layer import Layer as Renamed, helper\n",
 }
@@ -75,6 +79,8 @@ def tree(tmp_path):
     Expect("vllm.layer", "FLAG"),  # declared under `if TYPE_CHECKING:`
     Expect("vllm.reexport", "Renamed", "forward", attrs=("prefix",)),  # through `import ... as`
     Expect("vllm.reexport", "helper", params=("data", "device")),
+    Expect("vllm.layer", "PAD", value=-1),  # a constant's literal
+    Expect("vllm.layer", "NULL", value=0),
 ])
 def test_what_the_source_has_passes(tree, expect):
     assert tree.check(expect) is None
@@ -92,6 +98,9 @@ def test_what_the_source_has_passes(tree, expect):
     (Expect("vllm.moved", "Layer"), "Layer is not defined in vllm.moved"),
     (Expect("vllm.layer", "helper", params=("data",)), "parameters (data, device)"),
     (Expect("vllm.layer", "FLAG", params=()), "not a function"),
+    (Expect("vllm.layer", "PAD", value=0), "no longer the literal 0"),
+    (Expect("vllm.layer", "SIZE", value=16), "no longer the literal 16"),  # not a literal: unknown
+    (Expect("vllm.layer", "helper", value=1), "no longer the literal 1"),
 ])
 def test_each_difference_is_named(tree, expect, message):
     problem = tree.check(expect)

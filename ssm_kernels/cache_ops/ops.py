@@ -331,8 +331,9 @@ def conv_prefill(batch: PrefillBatch, x, weight, bias=None, *, conv_state, out, 
 
     def call():
         seqs = batch.seqs
-        if backend == "triton":
-            # The grid covers the longest possible sequence; the kernel reads true lengths on the device.
+        if batch.device_only:
+            # Lengths unknown on the host: the grid covers the longest possible sequence, and the
+            # kernel reads the true lengths on the device (programs past a row's end do nothing).
             seqs = dataclasses.replace(seqs, lengths=[x.shape[1]] * seqs.count)
         (run_conv_triton if backend == "triton" else run_conv_torch)(ConvProblem(
             x=x.unsqueeze(0), weight=weight, bias=bias, silu=activation is not None, state_in=conv_state, seqs=seqs,

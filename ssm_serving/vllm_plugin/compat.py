@@ -20,16 +20,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssm_kernels.cache_ops import NULL_BLOCK_ID, PAD_SLOT_ID
+
 # vLLM releases this plugin was written and checked against (CI reads 0.33's source, runs 0.32).
 SUPPORTED_VERSIONS = ("0.32.", "0.33.")
 
 
+_ANY = object()  # Expect.value unchecked
+
+
 @dataclass(frozen=True)
 class Expect:
-    """One thing the plugin needs: `name` (a class or function) in `module`; for a class, its
-    method `method` with parameters `params` (in order; `*args`, `**kwargs` spelled so), the
-    instance attributes `attrs` the plugin reads, the names `uses` vLLM's method must read;
-    `optional`: a hook newer releases add, checked where present."""
+    """One thing the plugin needs: `name` (a class, function or constant) in `module`; for a
+    class, its method `method` with parameters `params` (in order; `*args`, `**kwargs` spelled
+    so), the instance attributes `attrs` the plugin reads, the names `uses` vLLM's method must
+    read; for a constant, the literal `value` it must be assigned; `optional`: a hook newer
+    releases add, checked where present."""
     module: str
     name: str
     method: str | None = None
@@ -37,6 +43,7 @@ class Expect:
     attrs: tuple[str, ...] = ()
     uses: tuple[str, ...] = ()
     optional: bool = False
+    value: object = _ANY
 
 
 _MIXER2 = "vllm.model_executor.layers.mamba.mamba_mixer2"
@@ -112,6 +119,9 @@ EXPECTED: tuple[Expect, ...] = (
            uses=("VLLM_USE_V2_MODEL_RUNNER", "HAS_TRITON")),
     Expect("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER"),
     Expect("vllm.triton_utils", "HAS_TRITON"),
+    # The slot ids of padded rows (cache_ops.PAD_SLOT_ID, NULL_BLOCK_ID), which the kernels skip.
+    Expect("vllm.v1.attention.backends.utils", "PAD_SLOT_ID", value=PAD_SLOT_ID),
+    Expect("vllm.v1.attention.backends.utils", "NULL_BLOCK_ID", value=NULL_BLOCK_ID),
 )
 
 
@@ -198,6 +208,13 @@ class SourceTree:
         missing = [u for u in expect.uses if u not in _names(node)]
         if missing:
             return f"{label}: no longer reads {', '.join(missing)}"
+        if expect.value is not _ANY:
+            try:
+                value = ast.literal_eval(node.value) if isinstance(node, (ast.Assign, ast.AnnAssign)) else _ANY
+            except ValueError:
+                value = _ANY
+            if value is _ANY or value != expect.value:
+                return f"{label}: no longer the literal {expect.value!r}"
         return None
 
     def version(self) -> str | None:
