@@ -608,7 +608,7 @@ def check_decode_slot_lists(sources: list[int], targets: list[int] | None, pad_s
     b = _first_out_of_range(sources, live, nslots)
     if b is not None:
         error = slot_error(name, b, sources[b], nslots, pool)
-        raise ValueError(str(error) + ("" if pad_slot_id is None else f" (and is not {pad_name} {pad_slot_id})"))
+        raise error if pad_slot_id is None else ValueError(f"{error} (and is not {pad_name} {pad_slot_id})")
     if targets is None:
         targets, written_name = sources, name
     else:

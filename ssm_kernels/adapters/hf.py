@@ -92,11 +92,10 @@ class _Adapter:
 
     def note_pass(self, cache, fresh: bool, attention_mask) -> None:
         """Record whether a pass on ``cache`` was padded, without reading the mask back."""
-        if fresh or attention_mask is None:
-            if fresh:
-                self._unpadded.pop(cache, None)
-            if attention_mask is None:
-                return
+        if fresh:
+            self._unpadded.pop(cache, None)
+        if attention_mask is None:
+            return
         unpadded = torch.all(attention_mask != 0)
         held = self._unpadded.get(cache)
         self._unpadded[cache] = unpadded if held is None else held & unpadded

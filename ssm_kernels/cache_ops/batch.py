@@ -301,9 +301,9 @@ def host_view(batch: PrefillBatch) -> PrefillBatch:
         bounds, ptr, offsets, rows = _read_back(batch.seqs.cu_seqlens, cap.ptr, cap.offset, cap.row)
         nseq = batch.seqs.count
         entries = [(s, offsets[i], rows[i]) for s in range(nseq) for i in range(ptr[s], ptr[s + 1])]
-        return replace(batch, seqs=Sequences(batch.seqs.cu_seqlens, lengths_from_bounds(bounds),
-                                                         varlen=True),
-                                   captures=CaptureTable(cap.ptr, cap.offset, cap.row, entries), ntokens=bounds[-1])
+        seqs = Sequences(batch.seqs.cu_seqlens, lengths_from_bounds(bounds), varlen=True)
+        return replace(batch, seqs=seqs, captures=CaptureTable(cap.ptr, cap.offset, cap.row, entries),
+                       ntokens=bounds[-1])
     return per_step(batch, "host view", read_back)
 
 
