@@ -161,6 +161,8 @@ class PrefixCache:
     def record(self, match: Match) -> None:
         """Count a lookup that :meth:`find` answered with ``match`` and refresh its snapshot's
         recency; its snapshot must still be held (no eviction since)."""
+        if not isinstance(match, Match):
+            raise TypeError(f"match must be a Match (what find returns), got {type(match).__name__}")
         if match.snapshot is not None:
             self._held(match.snapshot)
         self.stats.lookups += 1

@@ -176,6 +176,9 @@ def test_find_changes_nothing_and_record_counts_what_it_found():
     assert (cache.stats.lookups, cache.stats.hits) == (2, 1)
     with pytest.raises(ValueError, match="held snapshots"):
         cache.record(Match(matched_tokens=16, restore_point=16, snapshot="gone"))
+    with pytest.raises(TypeError, match="match must be a Match"):
+        cache.record((16, 16, "a"))
+    assert (cache.stats.lookups, cache.stats.hits) == (2, 1)  # refused records count nothing
 
 
 def test_a_prompt_s_many_snapshots_take_one_walk():
