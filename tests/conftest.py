@@ -53,7 +53,20 @@ def device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _kept(item) -> bool:
+    """False for a case of another backend than the one its module runs (ONLY_BACKEND: a module
+    that re-runs other modules' tests for one backend's path, whose other cases would repeat
+    theirs)."""
+    only = getattr(getattr(item, "module", None), "ONLY_BACKEND", None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return only is None or params.get("backend", only) == only
+
+
 def pytest_collection_modifyitems(config, items):
+    dropped = [item for item in items if not _kept(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if _kept(item)]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

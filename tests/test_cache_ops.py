@@ -11,17 +11,15 @@ from ssm_kernels import cache_ops
 from ssm_kernels.scan.reference import mamba2_scan_ref
 
 BACKENDS = ["torch", "triton"]
-INTERPRETED_TRITON = False  # set per test: the Triton backend on CPU tensors (no GPU)
 
 
 @pytest.fixture(autouse=True)
-def tensors_on_the_backends_device(request, monkeypatch):
+def tensors_on_the_backends_device(request):
     """The Triton backend's tests (backend="triton", or marked runs_triton) run on CUDA tensors
     where there is a GPU (torch's default device), through the interpreter on CPU tensors elsewhere."""
     backend = request.node.callspec.params.get("backend") if hasattr(request.node, "callspec") else None
     triton = backend == "triton" or request.node.get_closest_marker("runs_triton") is not None
     on_gpu = triton and torch.cuda.is_available()
-    monkeypatch.setitem(globals(), "INTERPRETED_TRITON", triton and not on_gpu)
     torch.set_default_device("cuda" if on_gpu else "cpu")
     yield
     torch.set_default_device(None)  # no default-device mode left behind
@@ -49,12 +47,8 @@ def _initial(cache, rows=None):
 
 
 def _stored(got, value, name):
-    """`value` (float32) stored in got's dtype. Triton's interpreter rounds float32 to bfloat16 by
-    truncation where a GPU (and PyTorch) round to nearest even: there, allow that one ulp."""
-    if got.dtype == torch.bfloat16 and INTERPRETED_TRITON:
-        assert torch.allclose(got.float(), value, rtol=2 ** -7, atol=0), name
-    else:
-        assert torch.equal(got, value.to(got.dtype)), name
+    """`value` (float32) stored in got's dtype, rounded to nearest even (as PyTorch rounds)."""
+    assert torch.equal(got, value.to(got.dtype)), name
 
 
 def _check_cache(cache, before, final, captured, live_rows):
@@ -184,10 +178,7 @@ def test_mamba2_decode_matches_selective_state_update(backend):
     assert torch.equal(out[live], y)
     assert torch.isnan(out[1]).all()
     for r in live:
-        if INTERPRETED_TRITON:  # the interpreter's bfloat16 rounding: see _stored
-            assert torch.allclose(cache[dst[r]].float(), state[slots[r]], rtol=2 ** -7, atol=0)
-        else:
-            assert torch.equal(cache[dst[r]], state[slots[r]].to(torch.bfloat16))
+        assert torch.equal(cache[dst[r]], state[slots[r]].to(torch.bfloat16))
     for slot in set(range(nslots)) - {dst[r] for r in live}:
         assert torch.equal(cache[slot], before[slot])
 

@@ -99,8 +99,8 @@ def test_variants(backend, variant, device):
     seqlen, chunk_size, dt_limit = opts.pop("seqlen", 40), opts.pop("chunk_size", CHUNK), opts.pop("dt_limit", None)
     args, kw = mamba2_positional(mamba2_inputs(2, seqlen, **opts, device=device))
     if variant == "plain":
-        kw = {}
-    if dt_limit:
+        kw = {}  # dt' = dt clamped at 0
+    elif dt_limit:
         kw["dt_limit"] = dt_limit
     else:
         kw["dt_softplus"] = True

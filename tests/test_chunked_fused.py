@@ -25,6 +25,10 @@ from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
 from test_chunked import captures_for
 
 
+# The fused pass is a Triton launch: the imported tests' PyTorch cases would repeat their own.
+ONLY_BACKEND = "triton"
+
+
 @pytest.fixture(autouse=True)
 def fused():
     """Every pass of this module's tests allocates a fused pass's workspace (the chunked scan's
@@ -35,8 +39,9 @@ def fused():
 
 def test_mamba2_chunked_prefill_on_an_engines_cache(device):
     """On an engine's cache (slots, a skipped row, fresh rows, captures into slots) the fused pass
-    matches the public scan's, as the five stages do (on the tests' device, which that test takes
-    as torch's default)."""
+    gives the bits of the public scan, itself on the fused pass: this checks the cache's plumbing
+    around the fused launch; the tests below check the fused pass against the five stages. On
+    the tests' device, which that test takes as torch's default."""
     torch.set_default_device(device)
     try:
         for cache_dtype in (torch.float32, torch.bfloat16):

@@ -126,16 +126,21 @@ def test_triton_matches_torch_path(device):
 
 @pytest.mark.parametrize("algorithm, chunk_size, tol", [("recurrent", None, 1e-5), ("chunked", 16, 1e-4)])
 def test_softplus_extremes(device, algorithm, chunk_size, tol):
-    """Large dt takes the identity branch; very negative dt stays accurate (no log(1 + tiny) loss)."""
+    """Large dt takes the identity branch; very negative dt stays accurate (no log(1 + tiny) loss).
+    Token by token, and the state after each: the large-dt tokens' outputs dwarf the others', and
+    their decay wipes the earlier tokens out of the final state."""
     args, kw = mamba2_positional(mamba2_inputs(1, 6, nheads=4, headdim=16, ngroups=2, dstate=16, device=device))
     x, dt, A, B, C = args
     dt = torch.tensor([-30.0, -12.0, -3.0, 0.0, 19.0, 40.0], device=device).view(1, 6, 1).expand(1, 6, 4).contiguous()
-    want = mamba2_scan_ref(x, dt, A, B, C, dt_softplus=True)
+    after_each = [(0, t) for t in range(1, 7)]
+    want = mamba2_scan_ref(x, dt, A, B, C, dt_softplus=True, capture=after_each)
     for backend in BACKENDS:
         got = mamba2_scan(x, dt, A, B, C, dt_softplus=True, backend=backend, algorithm=algorithm,
-                          chunk_size=chunk_size)
-        assert_rel_close(got.y, want.y, tol, f"{algorithm} {backend} y")
-        assert_rel_close(got.final_states, want.final_states, tol, f"{algorithm} {backend} state")
+                          chunk_size=chunk_size, capture=after_each)
+        for t in range(6):
+            assert_rel_close(got.y[:, t], want.y[:, t], tol, f"{algorithm} {backend} y at token {t}")
+            assert_rel_close(got.captured_states[t], want.captured_states[t], tol,
+                             f"{algorithm} {backend} state after token {t}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
