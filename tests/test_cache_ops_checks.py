@@ -396,3 +396,33 @@ def test_bad_has_initial_state_is_named(flags, error, message):
 def test_batch_errors_name_the_argument_its_size_and_index(make, message):
     with pytest.raises(ValueError, match=message):
         make(lambda values: torch.tensor(values))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(state_indices=[1, 4], nslots=4), r"state_indices\[1\] = 4 is out of range for a cache with 4 slots"),
+    (dict(capture_seq=[2], capture_offset=[0], capture_slot=[3]),
+     r"capture_seq\[0\] = 2 names no sequence \(the pass has 2\)"),
+    (dict(capture_seq=[-1], capture_offset=[0], capture_slot=[3]),
+     r"capture_seq\[0\] = -1 names no sequence \(the pass has 2\)"),
+    (dict(capture_seq=[0, 1], capture_offset=[1, 1], capture_slot=[3, 3]), "capture_slot must be distinct"),
+    (dict(state_indices=[-1, 2], capture_seq=[0], capture_offset=[1], capture_slot=[3]),
+     r"capture_seq\[0\] = 0 names a skipped row \(slot -1\)"),
+    (dict(host_cu_seqlens=[0, 2, 5]), r"host_cu_seqlens \[0, 2, 5\] differs from cu_seqlens \[0, 3, 5\]"),
+    (dict(cu_seqlens=[], state_indices=[]), r"cu_seqlens must hold at least one entry \(0\)"),
+])
+def test_prefill_batch_validation_at_its_bounds(kw, message):
+    """Each check at its edge: slot nslots, a sequence index one past either end, one slot for two
+    captures, a capture of a skipped row, host lengths that disagree, no entry at all."""
+    args = dict(cu_seqlens=[0, 3, 5], state_indices=[0, 1])
+    args.update(kw)
+    cu, slots = (torch.tensor(args.pop(k), dtype=torch.int64) for k in ("cu_seqlens", "state_indices"))
+    if "capture_slot" in args:
+        args["capture_slot"] = torch.tensor(args["capture_slot"])
+    with pytest.raises(ValueError, match=message):
+        cache_ops.prefill_batch(cu, slots, **args)
+
+
+def test_prefill_batch_takes_captures_at_offsets_0_and_the_length():
+    batch = cache_ops.prefill_batch(torch.tensor([0, 3, 5]), torch.tensor([0, 1]), capture_seq=[0, 1],
+                                    capture_offset=[0, 2], capture_slot=torch.tensor([2, 3]), nslots=4)
+    assert batch.captures.entries == [(0, 0, 2), (1, 2, 3)]

@@ -343,9 +343,10 @@ def test_constructor_rejects_bad_input(kwargs, error, name):
         (A, {0: "h"}, 1, ValueError, "position"),
         (A, {65: "h"}, 1, ValueError, "position"),
         (A, {16: "h", 32: "h"}, 1, ValueError, "handle"),
-        (A, {16: ["h"]}, 1, TypeError, "hashable"),
+        (A, {16: ["h"]}, 1, TypeError, "snapshot handles must be hashable, got list at position 16"),
         (A, [16], 1, TypeError, "snapshots"),
         (A, {16: "h"}, 0, ValueError, "nbytes"),
+        (A, {16: "h"}, {16: 0}, ValueError, r"nbytes\[16\] must be >= 1"),
         (A, {16: "h"}, {32: 8}, ValueError, "nbytes"),
         ("some text", {}, 1, TypeError, "tokens"),
         (iter(A), {}, 1, TypeError, "tokens"),
@@ -389,3 +390,36 @@ def test_a_held_handle_cannot_name_another_snapshot():
         cache.lookup(None)
     with pytest.raises(TypeError, match="tokens"):
         cache.branch_point(5)
+
+
+def test_the_deepest_snapshot_of_a_block_is_restored():
+    """33 and 40 hang on the same node (block [32, 48)); a 49-token request matches 48."""
+    cache = PrefixCache(16)
+    tokens = list(range(64))
+    cache.insert(tokens, {33: "a", 40: "b"})
+    assert cache.lookup(tokens[:49]) == (48, 40, "b")
+
+
+def test_nested_prompts_match_the_longest():
+    cache = PrefixCache(16)
+    tokens = list(range(128))
+    for n in (32, 64, 96):
+        cache.insert(tokens[:n], {n: n})
+    assert cache.lookup(tokens[:97]) == (96, 96, 96)
+
+
+def test_blocks_of_one_token_match_at_most_all_but_the_last():
+    cache = PrefixCache(1)
+    cache.insert([1, 2, 3], {3: "s", 1: "t"})
+    assert cache.lookup([1, 2, 3]) == (2, 1, "t")
+    assert cache.lookup([1, 2, 3, 4]) == (3, 3, "s")
+
+
+def test_utility_eviction_by_the_class_formula():
+    """Utilities (p - q) / nbytes: a 1024, b 16, c 3056; normalised by the largest and blended
+    half and half with recency ranks 0, 1/2, 1 (insertion order): a 0.168, b 0.253, c 1.0, so
+    a goes, though b saves far less (its recency outweighs it)."""
+    cache = PrefixCache(16, max_snapshots=2, eviction="utility")
+    result = cache.insert(list(range(5000)), {1024: "a", 1040: "b", 4096: "c"})
+    assert result.evicted == ("a",)
+    assert sorted(cache.handles()) == ["b", "c"]

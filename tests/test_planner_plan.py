@@ -358,3 +358,67 @@ def test_warm_restore_and_helpers_reject_bad_input():
         block_floored_match(-1, 20, 16)
     with pytest.raises(TypeError, match="total"):
         block_floored_match(1, None, 16)
+
+
+def test_grid_replay_is_the_match_past_its_grid_point_when_no_snapshot_is_near():
+    """split at grid 256 saves only the tail split point, 32512 (the tail boundary of 256-token
+    steps is 32768): a follow-up sharing 20000 tokens restores at 0 and replays 20000, of which
+    20000 % 256 = 32 the grid forces."""
+    plan = plan_prefill(32772, block_size=16, budget=8192, policy="split", grid=256)
+    assert plan.snapshot_positions == (32512,)
+    restore = plan.warm_restore(shared_tokens=20000)
+    assert (restore.restore_point, restore.ssm_replay_tokens, restore.grid_replay_tokens) == (0, 20000, 32)
+
+
+def test_a_plan_built_by_hand_has_grid_1():
+    plan = planner.plan.PrefillPlan(total=100, start=0, block_size=5, policy="split", passes=[Pass(0, 100)])
+    assert plan.grid == 1 and plan.warm_restore(shared_tokens=37).grid_replay_tokens == 0
+
+
+def test_split_on_a_grid_snapshots_interval_ends_and_the_tail_split_point():
+    """Interval 32 x 16 tokens: pass ends at multiples of 512 save snapshots; the tail split point
+    of 256-token steps (lcm of block and grid), 32512, ends a pass and saves one too."""
+    plan = plan_prefill(32772, block_size=16, budget=8192, interval=32, policy="split", grid=256)
+    assert plan.pass_ends == (8192, 16384, 24576, 32512, 32772)
+    assert plan.snapshot_positions == (8192, 16384, 24576, 32512)
+
+
+@pytest.mark.parametrize("args, ends", [
+    # 9 floored to the grid; the last pass does not span the split point (6)
+    (dict(total=10, block_size=1, budget=9, grid=2), (8, 10)),
+    # the split point (80) lies in the first pass, not the last
+    (dict(total=100, block_size=16, budget=99), (99, 100)),
+])
+def test_legacy_pass_ends_near_the_end(args, ends):
+    assert plan_prefill(**args, policy="legacy").pass_ends == ends
+
+
+def test_free_floors_branch_and_interval_points_to_the_grid():
+    """Grid 64, blocks of 16: tail points of 64-token steps (960 and 896), branch point 300 at
+    256; interval 5 x 16 = 80: multiples of 80 floored to multiples of 64."""
+    plan = plan_prefill(1000, block_size=16, budget=1000, policy="free", grid=64, branch_points=(300,))
+    assert plan.snapshot_positions == (256, 896, 960)
+    plan = plan_prefill(1000, block_size=16, budget=1000, policy="free", grid=64, interval=5)
+    assert plan.snapshot_positions == (64, 128, 192, 320, 384, 448, 512, 640, 704, 768, 832, 896, 960)
+
+
+def test_the_size_limits_at_their_bounds():
+    """Passes: at most ceil(tokens / budget) + 2 as the budget proposes them, so 99998 one-token
+    passes are the most a legacy plan at budget 1 may list; on a grid every pass may end early,
+    so 299994 tokens at budget 3, grid 2 (149997 passes of 2) are refused. Interval captures under
+    free only, those past start only; at most MAX_CAPTURES branch points."""
+    assert len(plan_prefill(99998, block_size=1, budget=1, policy="legacy").passes) == 99998
+    with pytest.raises(ValueError, match="raise budget"):
+        plan_prefill(99999, block_size=1, budget=1, policy="legacy")
+    with pytest.raises(ValueError, match="raise budget"):
+        plan_prefill(299994, block_size=1, budget=3, grid=2, policy="legacy")
+    assert len(plan_prefill(60000, block_size=1, budget=1, policy="legacy").passes) == 60000
+    # legacy snapshots only at pass ends: interval 1 over 1e9 tokens lists nothing; the last pass
+    # is cut at the tail split point, 1e9 - 2
+    assert plan_prefill(10**9, block_size=1, budget=10**9, interval=1, policy="legacy").pass_ends == (10**9 - 2,
+                                                                                                   10**9)
+    late = plan_prefill(200000, block_size=1, budget=200000, interval=1, policy="free", start=150000)
+    assert late.snapshot_positions == tuple(range(150001, 200000))
+    most = plan_prefill(10**6, block_size=16, budget=10**6, policy="free",
+                        branch_points=range(planner.plan.MAX_CAPTURES))
+    assert len(most.snapshot_positions) == planner.plan.MAX_CAPTURES - 1 + 2  # 0 is not taken; the two tail points

@@ -180,3 +180,9 @@ def test_block_size_zero_is_refused(call):
 def test_bad_types_raise_type_error_naming_the_argument(call, name):
     with pytest.raises(TypeError, match=name):
         call()
+
+
+def test_a_split_one_token_before_the_pass_end_is_spanned():
+    """[0, 6) strictly spans 5 (its last token's start): such a non-last pass ends at the split."""
+    assert inpass_capture_spans(5, 0, 6)
+    assert plan_chunk_len(0, 100, 6, None, 5) == 5

@@ -284,3 +284,18 @@ def test_traces_never_hold_more_than_the_limit(kind, count, other, low, span, li
 def test_trace_generators_reject_bad_sizes(make, error, name):
     with pytest.raises(error, match=name):
         make()
+
+
+def test_defaults_and_the_smallest_sizes():
+    """interval defaults to 0: split stores only the tail split point's snapshot of a 1000-token
+    prompt (976; passes end at 256, 512, 768, 976), and its warm repeat restores there, storing
+    nothing more. Blocks and budgets of one token are served: 3 tokens cut at the split point 1
+    (2 passes); two 2-token prompts at interval 1 hit the snapshot at 1."""
+    prompt = list(range(1000))
+    report = simulate([prompt, prompt], policy="split", block_size=16, budget=256)
+    assert report.totals.snapshots_stored == 1
+    assert report.requests[1].restore_point == 976
+    assert simulate([[1, 2, 3]], policy="split", block_size=1, budget=4).totals.passes == 2
+    assert simulate([[1, 2], [1, 2]], policy="split", block_size=1, budget=1, interval=1).totals.hits == 1
+    with pytest.raises(ValueError, match="grid must be >= 1"):
+        simulate([], policy="split", block_size=16, budget=256, grid=0)
