@@ -23,7 +23,8 @@ from ssm_kernels.scan.mamba2 import mamba2_problem
 from ssm_kernels.scan.mamba2_chunked import reference as ref
 from ssm_kernels.scan.mamba2_chunked import torch_kernel as pt
 from ssm_kernels.scan.mamba2_chunked import triton_kernel as tk
-from ssm_kernels.scan.mamba2_chunked.tables import make_chunk_tables
+from ssm_kernels._common import Sequences
+from ssm_kernels.scan.mamba2_chunked.tables import Chunk, ChunkCapture, make_chunk_tables, plan_chunks
 from ssm_kernels.scan.reference import mamba2_scan_ref
 from ssm_kernels.scan.torch_kernel import discretize_dt
 
@@ -309,3 +310,20 @@ def test_stage_references_compose_to_the_float64_scan(case, device):
     want = mamba2_scan_ref(inp.x, inp.dt, inp.A, inp.B, inp.C, **opts, cu_seqlens=run.cu_seqlens, capture=run.capture)
     for name, u, v in zip(want._fields, got, want):
         assert_rel_close(u, v, 1e-12, name)
+
+
+def test_chunk_plans_at_their_edges():
+    """A pass starting at 6 on a grid of 16 is cut at offsets 10 and 26: a capture at 10 (a grid
+    point) is the start of chunk 1, not the end of chunk 0 nor an inner capture; one at 16 is
+    inner, 6 into chunk 1. A capture on a grid point is a walk's start capture: no plain walk. An
+    empty sequence owns no chunk, only a row of its own after the chunks, where its capture at 0
+    lands."""
+    plan = plan_chunks(Sequences(None, [40], False), [(0, 10, 0), (0, 16, 1)], 16, [6])
+    assert plan.chunk_list == [Chunk(0, 0, 10), Chunk(0, 10, 16), Chunk(0, 26, 14)]
+    assert plan.capture_list == [ChunkCapture(0, 1, 0), ChunkCapture(1, 1, 6)]
+    assert plan.inner_list == [ChunkCapture(1, 1, 6)]
+    assert not plan_chunks(Sequences(None, [40], False), [(0, 16, 0)], 16, [0]).plain_walk
+    assert plan_chunks(Sequences(None, [40], False), [(0, 40, 0)], 16, [0]).plain_walk
+    plan = plan_chunks(Sequences(None, [0, 5], True), [(0, 0, 0)], 16, [0, 0])
+    assert plan.chunk_list == [Chunk(0, 0, 5)] and plan.seq_chunk_list == [0, 0, 1]
+    assert plan.capture_list == [ChunkCapture(0, 1, 0)]

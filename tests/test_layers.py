@@ -437,3 +437,29 @@ def test_snapshot_parts_and_indices_are_type_checked():
     snap = state.snapshot(1)
     with pytest.raises(TypeError, match=r"snapshots\[0\].conv must be a torch.Tensor, got list"):
         layer.restore(type(snap)(snap.position, snap.conv.tolist(), snap.ssm))
+
+
+def test_layer_checks_at_their_edges():
+    """state_size up to the kernels' limit, time_step_min equal to time_step_max, epsilon > 0 (0
+    refused); dt_bias_init's softplus within [dt_min, dt_max]; a snapshot of sequence 0 by
+    default; restore refuses no snapshot and a float64 SSM state; step refuses a missing state."""
+    from ssm_kernels.layers.common import dt_bias_init
+    from ssm_kernels.scan import MAX_DSTATE
+    Mamba2Mixer(16, num_heads=2, head_dim=8, state_size=MAX_DSTATE, time_step_min=0.01, time_step_max=0.01)
+    with pytest.raises(ValueError, match="beyond the kernels' limit"):
+        Mamba2Mixer(16, num_heads=2, head_dim=8, state_size=MAX_DSTATE + 1)
+    with pytest.raises(ValueError, match="layer_norm_epsilon must be > 0"):
+        Mamba2Mixer(16, num_heads=2, head_dim=8, state_size=8, layer_norm_epsilon=0.0)
+    dt = F.softplus(dt_bias_init(10000, dt_min=1e-3, dt_max=0.1, generator=torch.Generator().manual_seed(0)))
+    assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
+    mixer = Mamba2Mixer(16, num_heads=2, head_dim=8, state_size=8)
+    state = mixer.initial_state(2)
+    state.positions = (3, 7)
+    assert state.snapshot().position == 3
+    with pytest.raises(ValueError, match="restore needs at least one snapshot"):
+        mixer.restore([])
+    snap = state.snapshot()
+    with pytest.raises(TypeError, match="SSM state of dtype torch.float64; it must be float32"):
+        mixer.restore(type(snap)(snap.position, snap.conv, snap.ssm.double()))
+    with pytest.raises(TypeError, match="step needs a LayerState"):
+        mixer.step(torch.randn(1, 16), None)

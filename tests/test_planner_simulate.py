@@ -299,3 +299,21 @@ def test_defaults_and_the_smallest_sizes():
     assert simulate([[1, 2], [1, 2]], policy="split", block_size=1, budget=1, interval=1).totals.hits == 1
     with pytest.raises(ValueError, match="grid must be >= 1"):
         simulate([], policy="split", block_size=16, budget=256, grid=0)
+
+
+def test_a_trace_of_exactly_the_limit_is_drawn(monkeypatch):
+    """At fixed lengths (each range one value) a chat draws exactly its bound: a limit of its
+    tokens is enough, one less is refused. The vocabulary needs one text id past the template's."""
+    sizes = dict(conversations=2, turns=3, system_tokens=5, message_tokens=(7, 7), reply_tokens=(11, 11))
+    total = multi_turn_chat(**sizes).prompt_tokens
+    monkeypatch.setattr(planner.traces, "MAX_TRACE_TOKENS", total)
+    assert multi_turn_chat(**sizes).prompt_tokens == total
+    monkeypatch.setattr(planner.traces, "MAX_TRACE_TOKENS", total - 1)
+    with pytest.raises(ValueError, match="conversations, turns"):
+        multi_turn_chat(**sizes)
+    first = planner.traces.FIRST_TEXT_ID
+    with pytest.raises(ValueError, match=f"vocab_size must be >= {first + 1}"):
+        multi_turn_chat(vocab_size=first)
+    monkeypatch.setattr(planner.traces, "MAX_TRACE_TOKENS", 10**8)
+    texts = [t for r in multi_turn_chat(**sizes, vocab_size=first + 1) for t in r if t >= first]
+    assert texts and set(texts) == {first}

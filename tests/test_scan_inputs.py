@@ -4,7 +4,8 @@ import torch
 
 from helpers import mamba1_inputs, mamba1_positional, mamba2_inputs, mamba2_positional, reads_back
 from ssm_kernels import mamba1_scan, mamba2_scan, selective_state_update
-from ssm_kernels._common import make_sequences, resolve_backend
+from ssm_kernels._common import (Sequences, capture_table, check_same_device, host_ints, lengths_from_bounds,
+                                 make_capture_table, make_sequences, resolve_backend)
 
 
 def m2(**changes):
@@ -387,3 +388,25 @@ def test_every_tensor_argument_that_requires_grad_is_refused(which):
     first = next(name for name in floats if name != "state")  # a state updated in place is refused anyway
     with torch.no_grad():
         fn(**{**named, first: named[first].clone().requires_grad_()})
+
+
+def test_host_checks_at_their_edges():
+    """One bound (0) is a pass of no sequence, none is refused; host ints are a list of count ints,
+    not a tensor; a capture's sequence is an int, not a bool; offset 0 is the initial state; the
+    same captures give the same table; sequence s owns entries [ptr[s], ptr[s + 1])."""
+    assert lengths_from_bounds([0]) == [] and lengths_from_bounds([0, 3, 3]) == [3, 0]
+    with pytest.raises(ValueError, match=r"cu_seqlens must hold at least one entry \(0\)"):
+        lengths_from_bounds([])
+    with pytest.raises(ValueError, match="y is on meta but x is on cpu"):
+        check_same_device(x=torch.zeros(1), y=torch.zeros(1, device="meta"))
+    with pytest.raises(TypeError, match="start_positions must be a list of ints, got Tensor"):
+        host_ints("start_positions", torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="start_positions must hold 3 ints"):
+        host_ints("start_positions", [0, 3], 3)
+    seqs = Sequences(None, [5, 5], False)
+    with pytest.raises(TypeError, match=r"capture\[0\] must be a pair of ints"):
+        make_capture_table([(True, 2)], seqs, torch.device("cpu"))
+    table = make_capture_table([(0, 0), (1, 5)], seqs, torch.device("cpu"))
+    assert table.entries == [(0, 0, 0), (1, 5, 1)]
+    assert make_capture_table([(0, 0), (1, 5)], seqs, torch.device("cpu")) is table
+    assert capture_table([(1, 2, 0), (1, 4, 1), (2, 1, 2)], 3, torch.device("cpu")).ptr.tolist() == [0, 0, 2, 3]

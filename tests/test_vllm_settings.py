@@ -47,3 +47,13 @@ def test_interval_against_the_block_size():
                                          "got 100"):
         settings.check_block_size(Settings(capture_interval=100), 64)
     assert Settings().interval(64) == 64 and Settings(capture_interval=0).interval(64) == 0
+
+
+def test_block_end_columns():
+    """Column c holds the state after (c + 1) * block_size tokens: those on the interval and
+    strictly before num_tokens; interval 0 (vLLM's own policy) takes none."""
+    from ssm_serving.vllm_plugin.captures import block_end_columns
+    assert block_end_columns(0, 64, 16, 16) == [0, 1, 2]  # 16, 32, 48; not 64
+    assert block_end_columns(0, 128, 16, 32) == [1, 3, 5]  # 32, 64, 96
+    assert block_end_columns(2, 128, 16, 32) == [3, 5]
+    assert block_end_columns(0, 64, 16, 0) == []
