@@ -63,10 +63,12 @@ def _kept(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    dropped = [item for item in items if not _kept(item)]
+    kept, dropped = [], []
+    for item in items:
+        (kept if _kept(item) else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if _kept(item)]
+        items[:] = kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

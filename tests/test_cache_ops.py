@@ -178,7 +178,7 @@ def test_mamba2_decode_matches_selective_state_update(backend):
     assert torch.equal(out[live], y)
     assert torch.isnan(out[1]).all()
     for r in live:
-        assert torch.equal(cache[dst[r]], state[slots[r]].to(torch.bfloat16))
+        _stored(cache[dst[r]], state[slots[r]], f"row {r}'s state")
     for slot in set(range(nslots)) - {dst[r] for r in live}:
         assert torch.equal(cache[slot], before[slot])
 
