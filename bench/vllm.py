@@ -122,6 +122,7 @@ def run_child(model: str, config: str, rounds: int, max_tokens: int, out: Path) 
                   enable_prefix_caching=caching, block_size=BLOCK, max_num_batched_tokens=BUDGET,
                   max_model_len=2048, max_num_seqs=4, seed=0)
         result["engine_start_s"] = time.perf_counter() - t0
+        result["model_runner"] = model_runner(llm)
         steps = {"n": 0}
         step = llm.llm_engine.step
 
@@ -169,6 +170,17 @@ def run_child(model: str, config: str, rounds: int, max_tokens: int, out: Path) 
         except ImportError:
             result["plugin_status"] = None
     out.write_text(json.dumps(result))
+
+
+def _runner_modules(worker) -> list[str]:
+    return [c.__module__ for c in type(worker.model_runner).__mro__]
+
+
+def model_runner(llm) -> str:
+    """The model runner the engine's workers run: "v2" (vLLM's Model Runner V2, whose CPU runner
+    extends the one in vllm.v1.worker.gpu) or "v1"."""
+    modules = {m for worker in llm.collective_rpc(_runner_modules) for m in worker}
+    return "v2" if "vllm.v1.worker.gpu.model_runner" in modules else "v1"
 
 
 def run_config(model_dir: Path, config: str, *, rounds: int, max_tokens: int, workdir: Path,

@@ -76,6 +76,7 @@ def tree(tmp_path):
     Expect("vllm.layer", "Layer", "not_yet", ("self",), optional=True),  # a hook a newer release adds
     Expect("vllm.layer", "Meta", attrs=("num_prefills", "chunk_size")),  # dataclass fields, inherited too
     Expect("vllm.layer", "helper", params=("data", "device")),
+    Expect("vllm.layer", "helper", params=("data",), other_params=(("x",), ("data", "device"))),  # another release's
     Expect("vllm.layer", "FLAG"),  # declared under `if TYPE_CHECKING:`
     Expect("vllm.reexport", "Renamed", "forward", attrs=("prefix",)),  # through `import ... as`
     Expect("vllm.reexport", "helper", params=("data", "device")),
@@ -97,6 +98,7 @@ def test_what_the_source_has_passes(tree, expect):
     (Expect("vllm.layer", "Gone"), "Gone is not defined in vllm.layer"),
     (Expect("vllm.moved", "Layer"), "Layer is not defined in vllm.moved"),
     (Expect("vllm.layer", "helper", params=("data",)), "parameters (data, device)"),
+    (Expect("vllm.layer", "helper", params=("data",), other_params=(("device", "data"),)), "parameters (data, device)"),
     (Expect("vllm.layer", "FLAG", params=()), "not a function"),
     (Expect("vllm.layer", "PAD", value=0), "no longer the literal 0"),
     (Expect("vllm.layer", "SIZE", value=16), "no longer the literal 16"),  # not a literal: unknown
@@ -111,7 +113,9 @@ def test_version_gate(tree, monkeypatch):
     monkeypatch.setattr(compat, "EXPECTED", ())
     assert tree.version() == "0.33.0"
     assert compat.problems(tree, "0.33.0") == [] and compat.problems(tree, "0.32.1") == []
-    assert "0.34.0 is not a version" in compat.problems(tree, "0.34.0")[0]
+    assert compat.problems(tree, "0.34.0") == []
+    assert "0.35.0 is not a version" in compat.problems(tree, "0.35.0")[0]
+    assert "0.3.0 is not a version" in compat.problems(tree, "0.3.0")[0]
     assert "None is not a version" in compat.problems(tree, None)[0]
 
 

@@ -4,6 +4,7 @@ transformers' greedy tokens and log-probs, and the warm and branch requests must
 from __future__ import annotations
 
 import pytest
+from vllm_child import MODEL_RUNNER
 
 from bench import vllm as bv
 
@@ -36,6 +37,7 @@ def _served(model, workdir, config="plugin-align"):
     res = bv.run_config(model, config, rounds=1, max_tokens=MAX_TOKENS, workdir=workdir)
     assert res["error"] is None, res.get("traceback") or res["error"]
     assert res["plugin_status"]["installed"], res["plugin_status"]
+    assert res["model_runner"] == MODEL_RUNNER
     reqs = res["rounds"][0]
     for name, req in reqs.items():
         tokens, logprobs = bv.transformers_greedy(model, req["prompt"], MAX_TOKENS)

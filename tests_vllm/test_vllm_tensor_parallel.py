@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_child import serve
+from vllm_child import MODEL_RUNNER, serve
 
 from bench import vllm as bv
 
@@ -35,6 +35,7 @@ def test_two_ranks_give_the_tokens_of_one(kind, tmp_path):
     assert one["error"] is None, one
     assert two["error"] is None, two
     assert two["plugin_status"]["installed"], two["plugin_status"]
+    assert one["model_runner"] == two["model_runner"] == MODEL_RUNNER
     assert [s["cached"] for s in two["served"]] == [s["cached"] for s in one["served"]] == [0, 576, 320]
     for a, b in zip(one["served"], two["served"]):
         assert a["tokens"] == b["tokens"]

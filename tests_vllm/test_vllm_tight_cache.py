@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_child import serve
+from vllm_child import MODEL_RUNNER, serve
 
 from bench import vllm as bv
 
@@ -37,6 +37,7 @@ def test_plugin_serves_in_the_smallest_cache(granite):
     res = serve(granite, {**ENGINE, "num_gpu_blocks_override": SMALLEST}, [prompt, branch], timeout=420)
     assert res["error"] is None, res
     assert res["plugin_status"]["installed"] and res["plugin_status"]["capture_interval"] is None, res
+    assert res["model_runner"] == MODEL_RUNNER
     for tokens, served in zip((prompt, branch), res["served"]):
         expected, logprobs = bv.transformers_greedy(granite, tokens, 4)
         assert served["tokens"] == expected

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The model runner this run asks vLLM for: .ci/vllm.sh runs tests_vllm under each (V2 with
+# tests_vllm/model_runner_v2 on PYTHONPATH); the tests check each engine ran this one.
+MODEL_RUNNER = "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
 # vLLM's engine arguments every test here uses (tiny float32 models saved locally, no tokenizer).
 BASE_ENGINE = dict(skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0)
 
@@ -36,6 +39,9 @@ def serve(model: Path, engine: dict, prompts: list[list[int]], *, max_tokens: in
 def _child(args: dict) -> None:
     from vllm import LLM, SamplingParams
 
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.vllm import model_runner
+
     llm = LLM(model=args["model"], **args["engine"])
     params = SamplingParams(max_tokens=args["max_tokens"], temperature=0.0, logprobs=0)
     served = []
@@ -46,7 +52,8 @@ def _child(args: dict) -> None:
                        "logprobs": [lp[t].logprob for lp, t in zip(gen.logprobs, gen.token_ids)]})
     from ssm_serving.vllm_plugin import status
 
-    print("RESULT " + json.dumps({"error": None, "served": served, "plugin_status": status()}), flush=True)
+    print("RESULT " + json.dumps({"error": None, "served": served, "plugin_status": status(),
+                                  "model_runner": model_runner(llm)}), flush=True)
 
 
 if __name__ == "__main__":  # spawned workers (tensor parallelism) re-import this file

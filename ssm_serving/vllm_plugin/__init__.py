@@ -19,9 +19,12 @@ checked at engine start). What it changes:
   AUTO_CHUNKED_MIN_TOKENS, recurrent elsewhere and on CPU), "chunked" or "recurrent". Captures
   stay in-pass with either.
 
-It checks vLLM's version (0.32.x, 0.33.x) and, in vLLM's source, every method it patches or calls
-and every attribute it reads (compat.py's table, which CI also checks against the newest release's
-source); where anything differs it leaves vLLM as it is and logs one warning.
+It checks vLLM's version (0.32.x to 0.34.x) and, in vLLM's source, every method it patches or
+calls and every attribute it reads (compat.py's table, which CI also checks against the source of
+the releases it cannot run); where anything differs it leaves vLLM as it is and logs one warning.
+It runs under both of vLLM's model runners, V1 and Model Runner V2 (vLLM's default on CUDA, its
+only runner from 0.34): both copy a request's running state into the block its step ends in before
+the forward, and the Mamba layers' metadata, which the plugin extends, is built the same way.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ _state = {"installed": False, "reason": None}
 
 
 def check_compatible() -> str | None:
-    """None when this vLLM is one the plugin knows, else why not: its version (0.32.x or 0.33.x)
+    """None when this vLLM is one the plugin knows, else why not: its version (0.32.x to 0.34.x)
     and everything compat.EXPECTED lists (the methods patched, the attributes read), from the
     installed vLLM's source."""
     from . import compat
@@ -44,35 +47,20 @@ def check_compatible() -> str | None:
     return "; ".join(found) if found else None
 
 
-def model_runner_v2() -> bool:
-    """Whether vLLM runs its Model Runner V2, by vLLM's own rule (`VllmConfig.use_v2_model_runner`)
-    as far as it is decided before a configuration exists, so every process answers alike:
-    VLLM_USE_V2_MODEL_RUNNER where set, else V2 wherever vLLM has Triton (its default on CUDA;
-    vLLM's CPU build finds no Triton CPU backend and runs V1). A configuration with a feature V2
-    lacks falls back to V1, which is not known here: that counts as V2 (the plugin stands down)."""
-    from vllm import envs
-
-    explicit = envs.VLLM_USE_V2_MODEL_RUNNER
-    if explicit is not None:
-        return bool(explicit)
-    from vllm.triton_utils import HAS_TRITON
-
-    return bool(HAS_TRITON)
-
-
 def check_engine(vllm_config, spec) -> None:
     """At engine start (each Mamba layer's kv-cache spec, in every worker): what only the
-    configuration tells. The capture interval against the Mamba block size; prefix hits inside a
-    block (prefix_match_unit), refused; and the runner:
-    vLLM can still pick Model Runner V2 where VLLM_USE_V2_MODEL_RUNNER=0 (watermarking overrides
-    it), and the scheduler's process has patched by then, so that is an error, not a stand-down."""
-    if vllm_config.use_v2_model_runner:
-        raise ValueError("ssm-prefill-kernels: vLLM chose Model Runner V2 for this configuration although "
-                         "VLLM_USE_V2_MODEL_RUNNER is not set to 1; the plugin is not shown correct under it: "
-                         f"set {settings.ENABLE}=0 to serve with vLLM's own Mamba kernels")
+    configuration tells. The capture interval against the Mamba block size; refused: prefix hits
+    inside a block (prefix_match_unit), and ReplaySSM with captures on (its Mamba-2 layers run
+    vLLM's own kernels, which would leave the block-end states the scheduler keeps unwritten)."""
     if getattr(spec, "mamba_cache_mode", None) == "align":
         settings.check_block_size(settings.current, spec.block_size)
         cache = vllm_config.cache_config
+        if cache.enable_prefix_caching and getattr(cache, "use_replayssm", False) and \
+                settings.current.interval(spec.block_size):
+            raise ValueError(
+                "ssm-prefill-kernels: with ReplaySSM (use_replayssm) vLLM's own kernels run its Mamba-2 layers, and "
+                "they write none of the block-end states the plugin keeps; set "
+                f"{settings.INTERVAL}=0 (vLLM's own capture policy) or {settings.ENABLE}=0")
         unit = getattr(cache, "prefix_match_unit", None)
         if cache.enable_prefix_caching and unit not in (None, spec.block_size):
             raise ValueError(
@@ -99,10 +87,6 @@ def install() -> bool:
         reason = check_compatible()
     except Exception as e:  # an import path that moved is a mismatch too
         reason = f"vLLM's Mamba code is not where this plugin expects it ({type(e).__name__}: {e})"
-    if reason is None and model_runner_v2():
-        reason = ("vLLM runs its Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, or its default where Triton is "
-                  "present), which copies align-mode states itself and under which this plugin is not yet shown "
-                  "correct; set VLLM_USE_V2_MODEL_RUNNER=0 to use it")
     if reason is not None:
         _state["reason"] = reason
         logger.warning("ssm-prefill-kernels: leaving vLLM's own Mamba kernels in place: %s", reason)

@@ -16,6 +16,9 @@ scan's grid sits at each request's computed-token count, with the model's chunk 
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from ssm_kernels import cache_ops
@@ -52,6 +55,20 @@ def _conv_state(layer):
 
     # (nblocks, dim, width - 1), whichever layout vLLM keeps (the other is a transpose view).
     return layer.kv_cache[0] if is_conv_state_dim_first() else layer.kv_cache[0].transpose(-1, -2)
+
+
+@functools.cache
+def _takes_batch_rows(ssm_transform) -> bool:
+    return "batch_start" in inspect.signature(ssm_transform).parameters
+
+
+def _ssm_transform(layer, x: torch.Tensor, batch_start: int, num_batch_tokens: int):
+    """vLLM's Mamba-1 projection of the conv output (tokens, dim) to dt (dim, tokens), B and C
+    (tokens, dstate). vLLM 0.34 also takes the rows' place in the step's batch (read by its LoRA
+    path only; LoRA layers run vLLM's own forward)."""
+    if _takes_batch_rows(type(layer)._ssm_transform):
+        return layer._ssm_transform(x, batch_start, num_batch_tokens)
+    return layer._ssm_transform(x)
 
 
 def _validate(t: torch.Tensor) -> bool:
@@ -158,7 +175,7 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
         conv_out = torch.empty(nd, dim, dtype=xbc.dtype, device=xbc.device)
         cache_ops.conv_decode(batch, xbc[:, :nd].t(), weights, self.conv1d.bias, conv_state=conv_state,
                            out=conv_out, activation=self.activation, validate=check)
-        dt, B, C = self._ssm_transform(conv_out)  # dt: (dim, nd); B, C: (nd, dstate)
+        dt, B, C = _ssm_transform(self, conv_out, 0, hidden_states.shape[0])  # dt: (dim, nd); B, C: (nd, dstate)
         cache_ops.mamba1_decode(batch, conv_out, dt.t(), self.A, B, C, ssm_state=ssm_state, out=y[:nd], D=self.D,
                              z=gate[:, :nd].t(), delta_bias=time_bias, delta_softplus=True, validate=check)
     if md.num_prefills > 0:
@@ -167,7 +184,8 @@ def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor)
         conv_out = torch.empty(npf, dim, dtype=xbc.dtype, device=xbc.device).t()  # (dim, tokens)
         cache_ops.conv_prefill(batch, xbc_p, weights, self.conv1d.bias, conv_state=conv_state, out=conv_out,
                             activation=self.activation, validate=check)
-        dt, B, C = self._ssm_transform(conv_out.transpose(-2, -1))  # dt: (dim, tokens); B, C: (tokens, dstate)
+        # dt: (dim, tokens); B, C: (tokens, dstate)
+        dt, B, C = _ssm_transform(self, conv_out.transpose(-2, -1), nd, hidden_states.shape[0])
         cache_ops.mamba1_prefill(batch, conv_out, dt, self.A, B.t(), C.t(), ssm_state=ssm_state, out=y[nd:].t(),
                               D=self.D, z=gate[:, nd:nd + npf], delta_bias=time_bias, delta_softplus=True,
                               algorithm=prefill_algorithm(), validate=check)
