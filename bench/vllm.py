@@ -42,6 +42,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = ("granite", "jamba", "mamba")
+# A model whose state layers are not Mamba's (LFM2's short convs): the plugin leaves them to vLLM.
+OTHER_MODELS = ("lfm2",)
 CONFIGS = {
     # name: (plugin on, prefix caching on, plugin capture interval: None = default, 0 = vLLM's policy)
     "vllm-none": (False, False, None),
@@ -65,7 +67,7 @@ def build_model(kind: str, path: Path) -> Path:
     """Save a tiny random model of `kind` under `path` (float32, transformers' format)."""
     import torch
     from transformers import (GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM, JambaConfig, JambaForCausalLM,
-                              MambaConfig, MambaForCausalLM)
+                              Lfm2Config, Lfm2ForCausalLM, MambaConfig, MambaForCausalLM)
 
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -87,8 +89,15 @@ def build_model(kind: str, path: Path) -> Path:
         model = MambaForCausalLM(MambaConfig(
             hidden_size=128, state_size=16, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=8,
             initializer_range=0.3, **common))
+    elif kind == "lfm2":
+        # conv_dim and block_dim: read by vLLM's LFM2, which transformers' config leaves out
+        model = Lfm2ForCausalLM(Lfm2Config(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
+            layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3, conv_dim=128,
+            block_dim=128, block_auto_adjust_ff_dim=False, max_position_embeddings=4096, initializer_range=0.1,
+            tie_word_embeddings=False, **common))
     else:
-        raise ValueError(f"model must be one of {MODELS}, got {kind!r}")
+        raise ValueError(f"model must be one of {MODELS + OTHER_MODELS}, got {kind!r}")
     model.to(torch.float32).eval().save_pretrained(path)
     return path
 

@@ -62,17 +62,23 @@ def test_block_end_columns():
 def test_the_scheduler_adds_interval_columns_and_the_junction(monkeypatch):
     """Blocks of 16, interval 64, a request of 100 tokens past its first block: column 3 (64
     tokens) on the interval and column 1, the branch junction at 40 floored to 32; not the column
-    vLLM reserves for its own checkpoint; none where the policy is vLLM's own (interval 0)."""
+    vLLM reserves for its own checkpoint; none where the policy is vLLM's own (interval 0), nor for
+    the cache group of a state layer the plugin does not run (vLLM's kernels would not write them)."""
     from types import SimpleNamespace
 
     from ssm_serving.vllm_plugin import captures
     interval = {"value": 64}
     monkeypatch.setattr(settings, "current", SimpleNamespace(interval=lambda block_size: interval["value"]))
-    spec = SimpleNamespace(mamba_cache_mode="align", num_speculative_blocks=0)
+    spec = SimpleNamespace(mamba_cache_mode="align", num_speculative_blocks=0,
+                           mamba_type=SimpleNamespace(name="MAMBA2"))
     mgr = SimpleNamespace(kv_cache_spec=spec, block_size=16, block_pool=SimpleNamespace(hash_block_size=16),
                           _ssm_junctions={"r": 40}, _checkpoints={})
     assert captures._extra_columns(mgr, "r", 1, 100) == [1, 3]
     assert captures._extra_columns(mgr, "r", 2, 100) == [3]  # the junction's block is already there
+    for layer in ("SHORT_CONV", "GDN_ATTN", "LINEAR"):
+        spec.mamba_type.name = layer
+        assert captures._extra_columns(mgr, "r", 1, 100) == []
+    spec.mamba_type.name = "MAMBA1"
     mgr._checkpoints["r"] = (None, 3)
     assert captures._extra_columns(mgr, "r", 1, 100) == [1]
     interval["value"] = 0

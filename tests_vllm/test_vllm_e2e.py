@@ -4,7 +4,7 @@ transformers' greedy tokens and log-probs, and the warm and branch requests must
 from __future__ import annotations
 
 import pytest
-from vllm_child import MODEL_RUNNER
+from vllm_child import MODEL_RUNNER, serve
 
 from bench import vllm as bv
 
@@ -97,6 +97,16 @@ def test_a_bad_capture_interval_fails_the_engine_start(models, workdir, monkeypa
     assert "engine_start_s" not in res and res["rounds"] == []
 
 
+def test_mamba1_with_lora_fails_the_engine_start(models):
+    """LoRA on a Mamba-1 layer runs vLLM's own forward, which writes no block-end capture: with
+    captures on, a ValueError naming the settings while the engine starts."""
+    engine = dict(enable_prefix_caching=True, block_size=bv.BLOCK, max_num_batched_tokens=bv.BUDGET,
+                  max_model_len=1024, max_num_seqs=2, enable_lora=True, max_lora_rank=8)
+    res = serve(models["jamba"], engine, [])
+    assert res["error"] and "with LoRA a Mamba layer runs vLLM's own forward" in res["log"] and \
+        "SSM_KERNELS_VLLM_CAPTURE_INTERVAL=0" in res["log"], res
+
+
 def test_vllm_policy_alone_misses_the_branch(models, workdir):
     """With vLLM's own capture policy (the prompt tail only; the plugin's kernels, since vLLM's CPU
     scan cannot write a checkpoint) the first branch finds nothing and pays a pass for vLLM's
@@ -119,6 +129,24 @@ def test_sparse_policy_captures_the_junction_in_pass(models, workdir):
     assert reqs["branch"]["cached"] == 512
     assert reqs["branch"]["passes"] == 2  # 388 tokens in a 256-token budget
     assert reqs["branch2"]["cached"] == bv.SHARED // bv.BLOCK * bv.BLOCK
+
+
+def test_plugin_leaves_other_state_layers_to_vllm(workdir, tmp_path):
+    """LFM2's short convs share vLLM's Mamba cache manager but run vLLM's own kernels: with the
+    plugin installed every request gives vLLM's own tokens, log-prob bits, cache hits and passes.
+    (The manager had kept a block at every block end of their group too, which nothing wrote: the
+    first branch was served a 640-token hit from it.)"""
+    model = bv.build_model("lfm2", tmp_path / "lfm2")
+    own = bv.run_config(model, "vllm-align", rounds=1, max_tokens=4, workdir=workdir)
+    res = bv.run_config(model, "plugin-align", rounds=1, max_tokens=4, workdir=workdir)
+    assert own["error"] is None, own.get("traceback") or own["error"]
+    assert res["error"] is None, res.get("traceback") or res["error"]
+    assert res["plugin_status"]["installed"] and res["model_runner"] == MODEL_RUNNER
+    for name, req in own["rounds"][0].items():
+        served = res["rounds"][0][name]
+        for key in ("tokens", "logprobs", "cached", "passes"):
+            assert served[key] == req[key], f"{name}: {key} {served[key]} with the plugin, {req[key]} without"
+    assert own["rounds"][0]["branch2"]["cached"] > 0  # vLLM's own junction state, kept with the plugin too
 
 
 def test_vllm_cpu_without_the_plugin_fails_where_the_plugin_serves(models, workdir):

@@ -80,25 +80,27 @@ def test_engine_start_refuses_prefix_hits_inside_a_block():
         plugin.check_engine(config(caching, unit), spec)
 
 
-def test_engine_start_refuses_replayssm_with_captures(monkeypatch):
-    """ReplaySSM's Mamba-2 layers run vLLM's own forward, which writes no block-end capture: with
-    captures on (the default), refused at engine start; with vLLM's own policy (interval 0), or
-    without prefix caching, served."""
+@pytest.mark.parametrize("why", ["ReplaySSM", "LoRA"])
+def test_engine_start_refuses_a_layer_on_vllms_forward_with_captures(monkeypatch, why):
+    """A Mamba layer that runs vLLM's own forward (ReplaySSM on Mamba-2, LoRA on Mamba-1) writes no
+    block-end capture: with captures on (the default), refused at engine start; with vLLM's own
+    policy (interval 0), or without prefix caching, served."""
     import torch
     from vllm.v1.kv_cache_interface import MambaSpec
 
     from ssm_serving.vllm_plugin import settings
 
     spec = MambaSpec(block_size=64, shapes=((4, 3),), dtypes=(torch.float32,), mamba_cache_mode="align")
-    config = lambda caching, replay: SimpleNamespace(cache_config=SimpleNamespace(
-        enable_prefix_caching=caching, prefix_match_unit=None, use_replayssm=replay))
+    config = lambda caching: SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=caching,
+                                                                          prefix_match_unit=None))
     monkeypatch.setattr(settings, "current", settings.Settings())
-    with pytest.raises(ValueError, match="ReplaySSM .* SSM_KERNELS_VLLM_CAPTURE_INTERVAL=0 .* SSM_KERNELS_VLLM=0"):
-        plugin.check_engine(config(True, True), spec)
-    for caching, replay in ((True, False), (False, True)):
-        plugin.check_engine(config(caching, replay), spec)
+    with pytest.raises(ValueError, match=f"with {why} a Mamba layer runs vLLM's own forward.*"
+                                         "SSM_KERNELS_VLLM_CAPTURE_INTERVAL=0 .* SSM_KERNELS_VLLM=0"):
+        plugin.check_engine(config(True), spec, why)
+    plugin.check_engine(config(True), spec)  # the plugin's own forward
+    plugin.check_engine(config(False), spec, why)
     monkeypatch.setattr(settings, "current", settings.Settings(capture_interval=0))
-    plugin.check_engine(config(True, True), spec)
+    plugin.check_engine(config(True), spec, why)
 
 
 _ALIGNMENT = """

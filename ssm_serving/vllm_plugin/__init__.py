@@ -47,20 +47,20 @@ def check_compatible() -> str | None:
     return "; ".join(found) if found else None
 
 
-def check_engine(vllm_config, spec) -> None:
+def check_engine(vllm_config, spec, vllm_forward: str | None = None) -> None:
     """At engine start (each Mamba layer's kv-cache spec, in every worker): what only the
     configuration tells. The capture interval against the Mamba block size; refused: prefix hits
-    inside a block (prefix_match_unit), and ReplaySSM with captures on (its Mamba-2 layers run
-    vLLM's own kernels, which would leave the block-end states the scheduler keeps unwritten)."""
+    inside a block (prefix_match_unit), and, while captures are on, a layer that runs vLLM's own
+    forward (`vllm_forward` says why: ReplaySSM, LoRA on a Mamba-1 layer), which would leave the
+    block-end states the scheduler keeps for its group unwritten."""
     if getattr(spec, "mamba_cache_mode", None) == "align":
         settings.check_block_size(settings.current, spec.block_size)
         cache = vllm_config.cache_config
-        if cache.enable_prefix_caching and getattr(cache, "use_replayssm", False) and \
-                settings.current.interval(spec.block_size):
+        if cache.enable_prefix_caching and vllm_forward and settings.current.interval(spec.block_size):
             raise ValueError(
-                "ssm-prefill-kernels: with ReplaySSM (use_replayssm) vLLM's own kernels run its Mamba-2 layers, and "
-                "they write none of the block-end states the plugin keeps; set "
-                f"{settings.INTERVAL}=0 (vLLM's own capture policy) or {settings.ENABLE}=0")
+                f"ssm-prefill-kernels: with {vllm_forward} a Mamba layer runs vLLM's own forward, which writes none of "
+                f"the block-end states the plugin keeps; set {settings.INTERVAL}=0 (vLLM's own capture policy) or "
+                f"{settings.ENABLE}=0")
         unit = getattr(cache, "prefix_match_unit", None)
         if cache.enable_prefix_caching and unit not in (None, spec.block_size):
             raise ValueError(
@@ -116,14 +116,14 @@ def install() -> bool:
 
     def mamba1_kv_cache_spec(self, vllm_config):
         spec = spec1_of(self, vllm_config)
-        check_engine(vllm_config, spec)
+        check_engine(vllm_config, spec, "LoRA" if self.is_lora_enabled else None)
         if isinstance(spec, MambaSpec) and not self.is_lora_enabled:
             spec = replace(spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
         return spec
 
     def mamba2_kv_cache_spec(self, vllm_config):
         spec = spec2_of(self, vllm_config)
-        check_engine(vllm_config, spec)
+        check_engine(vllm_config, spec, "ReplaySSM" if self.use_replayssm else None)
         return spec
 
     MambaMixer.get_kv_cache_spec = mamba1_kv_cache_spec

@@ -28,8 +28,8 @@ request holds at most ceil(chunk / interval) + 1 more blocks per Mamba cache gro
 own; admission and vLLM's reservations for running prefills count none of them, and a step whose
 capture blocks do not fit runs without them (vLLM's own blocks), so the plugin never keeps a
 request waiting that vLLM alone would serve: in a tight cache it captures less. Off (vLLM's
-behaviour) with speculative decoding, with hash blocks finer than cache blocks, and outside align
-mode.
+behaviour) with speculative decoding, with hash blocks finer than cache blocks, outside align
+mode, and for the cache groups of vLLM's other state layers (PLUGIN_LAYERS).
 """
 from __future__ import annotations
 
@@ -51,8 +51,15 @@ def block_end_columns(first_col: int, num_tokens: int, block_size: int, interval
             if ((c + 1) * block_size) % interval == 0]
 
 
+# The cache groups whose layers the plugin runs. vLLM's other state layers (gated delta net,
+# short conv, linear attention) share MambaManager but keep their own kernels, which write only
+# vLLM's own states: no block of theirs may be kept for a capture.
+PLUGIN_LAYERS = ("MAMBA1", "MAMBA2")
+
+
 def _spec_active(spec) -> bool:
-    return spec.mamba_cache_mode == "align" and spec.num_speculative_blocks == 0
+    return spec.mamba_type.name in PLUGIN_LAYERS and spec.mamba_cache_mode == "align" and \
+        spec.num_speculative_blocks == 0
 
 
 # ---------------------------------------------------------------------------------------------
