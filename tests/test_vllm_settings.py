@@ -83,3 +83,40 @@ def test_the_scheduler_adds_interval_columns_and_the_junction(monkeypatch):
     assert captures._extra_columns(mgr, "r", 1, 100) == [1]
     interval["value"] = 0
     assert captures._extra_columns(mgr, "r", 1, 100) == []
+
+
+def test_the_junction_stop_is_dropped_only_where_every_state_group_captures(monkeypatch):
+    """vLLM's scheduler ends a pass at a shared-prefix junction to keep the state there; the plugin
+    drops that stop (its groups capture the junction in-pass) only when every group on vLLM's Mamba
+    cache manager is one it captures in. A short-conv group beside a Mamba-2 one keeps the stop."""
+    from types import SimpleNamespace
+
+    from ssm_serving.vllm_plugin import captures
+
+    monkeypatch.setattr(settings, "current", settings.Settings())
+    seen = []
+
+    class Scheduler:
+        mamba_shared_prefix_checkpoint = False
+
+        def _mamba_block_aligned_split(self, request, num_new_tokens):
+            seen.append(request.shared_prefix_boundary)
+            return num_new_tokens
+
+    def manager(layer):
+        spec = SimpleNamespace(mamba_cache_mode="align", num_speculative_blocks=0,
+                               mamba_type=SimpleNamespace(name=layer))
+        return SimpleNamespace(kv_cache_spec=spec, block_size=16, block_pool=SimpleNamespace(hash_block_size=16),
+                               _checkpoints={})
+
+    captures.patch_scheduler(Scheduler)
+    scheduler, request = Scheduler(), SimpleNamespace(request_id="r", shared_prefix_boundary=40)
+    for layers, passed in ((["MAMBA2"], 0), (["MAMBA1", "MAMBA2"], 0), (["MAMBA2", "SHORT_CONV"], 40),
+                           (["GDN_ATTN"], 40)):
+        managers = [manager(layer) for layer in layers]
+        scheduler.kv_cache_manager = SimpleNamespace(coordinator=SimpleNamespace(single_type_managers=managers))
+        seen.clear()
+        assert scheduler._mamba_block_aligned_split(request, 100) == 100
+        assert seen == [passed] and request.shared_prefix_boundary == 40, layers
+        junctions = [getattr(m, "_ssm_junctions", {}).get("r") for m in managers]
+        assert junctions == [None if passed else 40] * len(layers)

@@ -297,11 +297,12 @@ def patch_scheduler(Scheduler) -> None:
 
     def mamba_block_aligned_split(self, request, num_new_tokens, *args, **kwargs):
         junction = request.shared_prefix_boundary
-        managers = [m for m in self.kv_cache_manager.coordinator.single_type_managers
-                    if hasattr(m, "_checkpoints") and _manager_interval(m)]
+        managers = [m for m in self.kv_cache_manager.coordinator.single_type_managers if hasattr(m, "_checkpoints")]
         # vLLM stops a pass at the block-floored junction unless it is configured to stop at the
-        # exact (sub-block) junction; the managers here keep that block end's state in-pass.
-        if not junction or not managers or self.mamba_shared_prefix_checkpoint:
+        # exact (sub-block) junction; the managers here keep that block end's state in-pass, if
+        # each of them captures (a group the plugin leaves to vLLM still needs vLLM's stop).
+        if not junction or not managers or not all(map(_manager_interval, managers)) or \
+                self.mamba_shared_prefix_checkpoint:
             return split(self, request, num_new_tokens, *args, **kwargs)
         for m in managers:
             if not hasattr(m, "_ssm_junctions"):
