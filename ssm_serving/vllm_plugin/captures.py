@@ -16,7 +16,7 @@ follows the block table, so the two never disagree:
   an entry left null becomes the skip slot and the kernels drop that capture (no host round trip);
 - the scheduler no longer ends a pass at a shared-prefix junction (vLLM's Marconi-style stop,
   which costs a pass to save the state there): the manager keeps the junction's block end and
-  the pass captures it.
+  the pass captures it (where every state group is one the plugin captures in).
 
 Memory policy: a state every `interval` tokens (settings.py: SSM_KERNELS_VLLM_CAPTURE_INTERVAL, a
 multiple of the block size; default the block size: every block end; 0: vLLM's own policy, the
