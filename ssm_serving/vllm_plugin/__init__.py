@@ -116,14 +116,15 @@ def install() -> bool:
 
     def mamba1_kv_cache_spec(self, vllm_config):
         spec = spec1_of(self, vllm_config)
-        check_engine(vllm_config, spec, "LoRA" if self.is_lora_enabled else None)
-        if isinstance(spec, MambaSpec) and not self.is_lora_enabled:
+        reason = mixers.mamba1_vllm_forward(self)
+        check_engine(vllm_config, spec, reason)
+        if isinstance(spec, MambaSpec) and reason is None:
             spec = replace(spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
         return spec
 
     def mamba2_kv_cache_spec(self, vllm_config):
         spec = spec2_of(self, vllm_config)
-        check_engine(vllm_config, spec, "ReplaySSM" if self.use_replayssm else None)
+        check_engine(vllm_config, spec, mixers.mamba2_vllm_forward(self))
         return spec
 
     MambaMixer.get_kv_cache_spec = mamba1_kv_cache_spec
@@ -131,7 +132,7 @@ def install() -> bool:
     if hasattr(MambaMixer, "get_prefill_checkpoint_alignment"):
         # vLLM 0.33's hook (MambaBase: None, no in-pass checkpoint): the plugin's Mamba-1 layer
         # exports a checkpoint at any token, as its spec says.
-        MambaMixer.get_prefill_checkpoint_alignment = lambda self: None if self.is_lora_enabled else 1
+        MambaMixer.get_prefill_checkpoint_alignment = lambda self: None if mixers.mamba1_vllm_forward(self) else 1
     captures.patch_manager(MambaManager)
     captures.patch_kv_cache_manager(KVCacheManager)
     captures.patch_scheduler(Scheduler)

@@ -57,6 +57,16 @@ def _conv_state(layer):
     return layer.kv_cache[0] if is_conv_state_dim_first() else layer.kv_cache[0].transpose(-1, -2)
 
 
+def mamba2_vllm_forward(layer) -> str | None:
+    """Why a Mamba-2 layer runs vLLM's own forward at every step (its configuration), or None."""
+    return "ReplaySSM" if layer.use_replayssm else None
+
+
+def mamba1_vllm_forward(layer) -> str | None:
+    """Why a Mamba-1 layer runs vLLM's own forward at every step (its configuration), or None."""
+    return "LoRA" if layer.is_lora_enabled else None
+
+
 @functools.cache
 def _takes_batch_rows(ssm_transform) -> bool:
     return "batch_start" in inspect.signature(ssm_transform).parameters
@@ -120,7 +130,7 @@ def _decode_batch(md):
 
 def mamba2_conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor):
     md = _layer_metadata(self.prefix)
-    if md is None or self.use_replayssm or self.num_spec > 0:
+    if md is None or mamba2_vllm_forward(self) or self.num_spec > 0:
         return ORIGINAL["mamba2"](self, projected_states, output)
     hidden_states_B_C, dt = torch.split(projected_states[..., self.tped_intermediate_size:],
                                         [self.tped_conv_size, self.tped_dt_size], dim=-1)
@@ -158,7 +168,7 @@ def mamba2_conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.
 
 def mamba1_forward_impl(self, hidden_states: torch.Tensor, output: torch.Tensor):
     md = _layer_metadata(self.prefix)
-    if md is None or self.is_lora_enabled:
+    if md is None or mamba1_vllm_forward(self):
         return ORIGINAL["mamba1"](self, hidden_states, output)
     conv_state, ssm_state = _conv_state(self), self.kv_cache[1]
     projected = self.in_proj(hidden_states)[0].transpose(-2, -1)  # (2 * dim, tokens)
