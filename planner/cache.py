@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Hashable, Mapping, NamedTuple, Sequence
 
 from ._checks import check_choice, check_int, check_number, check_optional_int, check_tokens
@@ -275,6 +276,8 @@ class PrefixCache:
                 raise ValueError(
                     f"snapshots position must be <= len(tokens) ({len(tokens)}), got {position}"
                 )
+            if handle is None:  # a Match's snapshot None means "no snapshot"
+                raise ValueError(f"snapshot handle at position {position} is None; handles must not be None")
             try:
                 hash(handle)
             except TypeError:
@@ -406,17 +409,26 @@ class PrefixCache:
         return tuple(evicted)
 
     def _lowest_score(self, candidates: list[_Entry]) -> _Entry:
-        """The candidate with the lowest blended utility/recency score (see the class doc)."""
-        utilities = [(entry.position - self._snapshot_below(entry)) / entry.nbytes
-                     for entry in candidates]
-        top = max(utilities) or 1.0
+        """The candidate with the lowest blended utility/recency score (see the class doc). Scores
+        within float rounding of the lowest are compared again exactly, so that an exact tie goes
+        to the least recently used (in floats, of two equal scores either may come out lower)."""
+        below = [self._snapshot_below(entry) for entry in candidates]
         last_rank = max(len(candidates) - 1, 1)
-        weight = self.utility_weight
-        scores = [
-            weight * utility / top + (1.0 - weight) * rank / last_rank
-            for rank, utility in enumerate(utilities)
-        ]
-        return candidates[scores.index(min(scores))]
+
+        def scores(number):
+            utilities = [number(entry.position - q) / entry.nbytes for entry, q in zip(candidates, below)]
+            top = max(utilities) or 1
+            weight = number(self.utility_weight)
+            return [weight * utility / top + (1 - weight) * number(rank) / last_rank
+                    for rank, utility in enumerate(utilities)]
+
+        rough = scores(float)
+        lowest = min(rough)
+        near = [i for i, score in enumerate(rough) if score <= lowest + 1e-9]
+        if len(near) > 1:
+            exact = scores(Fraction)
+            near = [min(near, key=lambda i: (exact[i], i))]
+        return candidates[near[0]]
 
     def _snapshot_below(self, entry: _Entry) -> int:
         """Position of the next held snapshot below ``entry`` on its path, or 0."""

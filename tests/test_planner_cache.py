@@ -344,6 +344,7 @@ def test_constructor_rejects_bad_input(kwargs, error, name):
         (A, {65: "h"}, 1, ValueError, "position"),
         (A, {16: "h", 32: "h"}, 1, ValueError, "handle"),
         (A, {16: ["h"]}, 1, TypeError, "snapshot handles must be hashable, got list at position 16"),
+        (A, {16: None}, 1, ValueError, "snapshot handle at position 16 is None"),  # a Match's "no snapshot"
         (A, [16], 1, TypeError, "snapshots"),
         (A, {16: "h"}, 0, ValueError, "nbytes"),
         (A, {16: "h"}, {16: 0}, ValueError, r"nbytes\[16\] must be >= 1"),
@@ -423,3 +424,12 @@ def test_utility_eviction_by_the_class_formula():
     result = cache.insert(list(range(5000)), {1024: "a", 1040: "b", 4096: "c"})
     assert result.evicted == ("a",)
     assert sorted(cache.handles()) == ["b", "c"]
+
+
+def test_utility_ties_go_to_the_least_recently_used():
+    """Utilities a 5, b 2 (a below it), c 6; ranks 0, 1/2, 1 (insertion order): a and b both score
+    exactly 5/12 at weight 1/2, and a, the least recently used, goes. In floats b's score came out
+    one unit in the last place lower, and b went."""
+    cache = PrefixCache(1, max_snapshots=2, eviction="utility", utility_weight=0.5)
+    cache.insert([0] * 8, {5: "a", 7: "b"})
+    assert cache.insert([1] * 8, {6: "c"}).evicted == ("a",)
