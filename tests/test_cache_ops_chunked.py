@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
 from ssm_kernels import cache_ops, mamba1_scan, mamba2_scan
+from ssm_kernels.scan.mamba2_chunked import triton_kernel as mamba2_triton
 from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref
 from test_cache_ops import tensors_on_the_backends_device  # noqa: F401 (autouse: the Triton tests' device)
 
@@ -389,3 +391,52 @@ def test_host_data_is_checked():
     for change, error, name in bad:
         with pytest.raises(error, match=name):
             cache_ops.prefill_batch(*args, **{**kwargs, **change})
+
+
+class _FilledAllocations(TorchDispatchMode):
+    """Every floating-point tensor allocated uninitialised (workspaces, scratch, outputs) is filled
+    with `value`: on a GPU such memory holds whatever was there before, NaN or inf included."""
+
+    ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+                   torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
+                   torch.ops.aten.new_empty_strided.default}
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.value = value
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.ALLOCATIONS and out.is_floating_point():
+            out.fill_(self.value)
+        return out
+
+
+@pytest.mark.parametrize("backend, layer", [("torch", "mamba2"), ("torch", "mamba1"), ("triton", "mamba2"),
+                                            ("triton", "mamba2 fused"), ("triton", "mamba1")])
+def test_unwritten_memory_reaches_no_output(backend, layer):
+    """A pass whose uninitialised allocations hold NaN gives the bits of one whose allocations hold
+    zeros: no element a kernel reads without writing it first (a masked-out lane, a row past a
+    chunk's end, a chunk's scratch before its stage wrote it) reaches y or the cache, not even as
+    0 x NaN in a matmul. 16-bit inputs and cache, the batch's captures, skipped and fresh rows."""
+    device = torch.get_default_device()
+    if layer == "mamba1":
+        kw = mamba1_inputs(1, sum(LENGTHS), ngroups=2)
+        kw = {k: v.to(device=device, dtype=torch.bfloat16 if k in ("u", "B", "C", "z") else v.dtype)
+              for k, v in kw.items()}
+        cache, run, x = torch.randn(NSLOTS, *kw["initial_states"].shape[1:]), _mamba1_prefill, "u"
+    else:
+        kw, cache = _mamba2_case(torch.float32)
+        kw = {k: v.to(device=device, dtype=torch.bfloat16 if k in ("x", "B", "C", "z") else v.dtype)
+              for k, v in kw.items()}
+        run, x = _mamba2_prefill, "x"
+    cache = cache.to(device=device, dtype=torch.bfloat16)
+    results = []
+    for value in (float("nan"), 0.0):
+        out, slots = torch.zeros_like(kw[x][0]), cache.clone()
+        with mamba2_triton.fused_pass(layer == "mamba2 fused"), _FilledAllocations(value):
+            run(_batch(), kw, slots, out, backend=backend, algorithm="chunked", chunk_size=CHUNK)
+        results.append((out, slots))
+    assert not results[1][0].isnan().any()
+    assert torch.equal(results[0][0], results[1][0]), "y"
+    assert torch.equal(results[0][1], results[1][1]), "cache"
