@@ -63,6 +63,35 @@ def test_selective_scan_fn_refuses_zero_groups():
         selective_scan_fn(kw["u"], kw["delta"], kw["A"], torch.randn(1, 0, 8, 3), torch.randn(1, 0, 8, 3))
 
 
+def test_selective_scan_fn_names_b_and_c_in_the_layout_given():
+    """A wrong B or C is reported with the shape the caller passed, checked against u and A,
+    before B and C are widened to one layout."""
+    kw = mamba1_inputs(2, 5, dim=6, dstate=4, ngroups=2)
+    u, delta, A = kw["u"], kw["delta"], kw["A"]
+    with pytest.raises(ValueError, match=r"B must have shape \(batch, dstate, seqlen\) = \(2, 4, 5\), got \(2, 4, 6\)"):
+        selective_scan_fn(u, delta, A, torch.randn(2, 4, 6), kw["C"])
+    with pytest.raises(ValueError, match=r"B must have shape \(dim, dstate\) = \(6, 4\), got \(6, 5\)"):
+        selective_scan_fn(u, delta, A, torch.randn(6, 5), torch.randn(2, 4, 5))
+    with pytest.raises(ValueError, match=r"A must have shape \(dim, dstate\) = \(6, '\*'\), got \(5, 4\)"):
+        selective_scan_fn(u, delta, A[:5], kw["B"], kw["C"])
+
+
+@pytest.mark.parametrize("name, shape, message", [
+    ("z", (2, 8, 2, 3), r"z must have shape \(batch, seqlen, nheads, headdim\) = \(2, 8, 2, 4\), got \(2, 8, 2, 3\)"),
+    ("C", (2, 8, 1, 7), r"C must have shape \(batch, seqlen, ngroups, dstate\) = \(2, 8, 1, 8\), got \(2, 8, 1, 7\)"),
+    ("initial_states", (2, 2, 4, 7),
+     r"initial_states must have shape \(batch, nheads, headdim, dstate\) = \(2, 2, 4, 8\), got \(2, 2, 4, 7\)"),
+])
+def test_chunk_scan_with_seq_idx_names_tensors_as_given(name, shape, message):
+    """With seq_idx the rows are packed into one; a wrong tensor is reported before that, in the
+    caller's (batch, seqlen, ...) layout."""
+    args = dict(x=torch.randn(2, 8, 2, 4), dt=torch.randn(2, 8, 2), A=-torch.rand(2), B=torch.randn(2, 8, 1, 8),
+                C=torch.randn(2, 8, 1, 8), chunk_size=4, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]] * 2))
+    args[name] = torch.randn(shape)
+    with pytest.raises(ValueError, match=message):
+        mamba_chunk_scan_combined(**args)
+
+
 def test_every_tensor_argument_is_type_checked():
     """A list where a tensor belongs (or None where one is required): a TypeError naming it."""
     m1, m2 = mamba1_inputs(1, 4, dim=4, dstate=2), mamba2_inputs(1, 6)

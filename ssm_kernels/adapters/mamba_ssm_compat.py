@@ -72,23 +72,25 @@ def _real_float(name, t, want_f32=False):
 # ---------------------------------------------------------------------------------------------
 # selective_scan_fn (mamba_ssm.ops.selective_scan_interface)
 # ---------------------------------------------------------------------------------------------
-def _bc_layout(B, C, batch, dim, seqlen):
-    """mamba_ssm's B/C layouts -> one layout mamba1_scan takes for both.
+def _bc_layout(B, C, batch, dim, seqlen, dstate):
+    """mamba_ssm's B/C layouts -> one layout mamba1_scan takes for both, each checked as given.
 
     (batch, dstate, seqlen) and (batch, ngroups, dstate, seqlen) are input-dependent; a
     (dim, dstate) B or C is time-invariant (one row per channel). When B and C differ in layout,
     both become per-channel groups, (batch, dim, dstate, seqlen) (stride-0 views where possible).
     """
+    layouts = {2: [("dim", dim), ("dstate", dstate)], 3: [("batch", batch), ("dstate", dstate), ("seqlen", seqlen)],
+               4: [("batch", batch), ("ngroups", None), ("dstate", dstate), ("seqlen", seqlen)]}
     for name, t in (("B", B), ("C", C)):
-        if t.ndim not in (2, 3, 4):
+        if t.ndim not in layouts:
             raise ValueError(f"{name} must be (dim, dstate), (batch, dstate, seqlen) or "
                              f"(batch, ngroups, dstate, seqlen), got {tuple(t.shape)}")
+        check_tensor(name, t, layouts[t.ndim], FLOAT_DTYPES)
     if B.ndim != 2 and B.shape == C.shape:
         return B, C
 
     def per_channel(name, t):
         if t.ndim == 2:
-            check_tensor(name, t, [("dim", dim), ("dstate", None)], FLOAT_DTYPES)
             return t.unsqueeze(0).unsqueeze(-1).expand(batch, dim, t.shape[1], seqlen)
         if t.ndim == 3:
             return t.unsqueeze(1).expand(t.shape[0], dim, *t.shape[1:])
@@ -122,7 +124,8 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     check_bool("delta_softplus", delta_softplus)
     check_bool("return_last_state", return_last_state)
     check_tensor("u", u, [("batch", None), ("dim", None), ("seqlen", None)], FLOAT_DTYPES)
-    B, C = _bc_layout(B, C, *u.shape)
+    check_tensor("A", A, [("dim", u.shape[1]), ("dstate", None)])
+    B, C = _bc_layout(B, C, *u.shape, A.shape[1])
     result = mamba1_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
                          backend=backend)
     return (result.y, result.final_states) if return_last_state else result.y
@@ -242,17 +245,18 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
 def _packed_scan(x, dt, A, B, C, z, initial_states, seq_idx, cu_seqlens, common):
     """mamba_chunk_scan_combined with seq_idx: the rows packed into one varlen row, one sequence
     per run of equal labels. Returns (out, final_states per row, every sequence's final state)."""
-    batch, seqlen, nheads = x.shape[:3]
+    batch, seqlen, nheads, headdim = x.shape
     token_dims = [("batch", batch), ("seqlen", seqlen)]
     check_tensor("dt", dt, token_dims + [("nheads", nheads)], FLOAT_DTYPES)
-    for name, t in (("B", B), ("C", C), ("z", z)):
-        if t is not None:
-            check_tensor(name, t, token_dims + [("dim 2", None), ("dim 3", None)], FLOAT_DTYPES)
+    check_tensor("B", B, token_dims + [("ngroups", None), ("dstate", None)], FLOAT_DTYPES)
+    check_tensor("C", C, token_dims + [("ngroups", B.shape[2]), ("dstate", B.shape[3])], FLOAT_DTYPES)
+    if z is not None:
+        check_tensor("z", z, token_dims + [("nheads", nheads), ("headdim", headdim)], FLOAT_DTYPES)
     bounds, first, last, label0 = _packed_sequences(seq_idx, cu_seqlens, batch, seqlen, x.device)
     init = None
     if initial_states is not None:
-        check_tensor("initial_states", initial_states, [("batch", batch)] + [(n, None) for n in
-                                                                              ("nheads", "headdim", "dstate")])
+        check_tensor("initial_states", initial_states, [("batch", batch), ("nheads", nheads), ("headdim", headdim),
+                                                        ("dstate", B.shape[3])])
         b = next((b for b in range(batch) if not label0[b]), None)
         if b is not None:
             raise ValueError(f"initial_states is the state before a row's tokens labelled 0, but row {b} starts "
