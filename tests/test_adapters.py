@@ -238,6 +238,28 @@ def test_generate_matches_transformers(family, device):
     assert torch.equal(model.generate(ids, **opts), ref)
 
 
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba", "Jamba"])
+def test_generate_from_inputs_embeds_matches_transformers(family, device):
+    """generate(inputs_embeds=...) (generate reads prepare_inputs_for_generation's signature, and
+    passes the generated tokens' ids after the prompt's embeddings) gives transformers' tokens,
+    from a fresh cache and, on an SSM-only model, from one restored inside the prompt."""
+    model, _ = build(family, device)
+    ids, _ = inputs(device)
+    embeds = model.get_input_embeddings()(ids)
+    opts = dict(max_new_tokens=DECODE, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    ref = model.generate(inputs_embeds=embeds, **opts)
+    use_ssm_kernels(model)
+    assert torch.equal(model.generate(inputs_embeds=embeds, **opts), ref)
+    cache = DynamicCache(config=model.config)
+    if hf_cache.attention_lengths(cache):
+        return
+    at = CAPTURE[1]
+    with capture_states(model, positions=[at]) as snaps:
+        run(model, ids, DynamicCache(config=model.config), 0)
+    restore_states(model, cache, snaps.at(at))
+    assert torch.equal(model.generate(inputs_embeds=embeds, cache=cache, **opts), ref)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_recording_cache_rolls_back(family, device):
     """A cache recording its past (what assisted decoding turns on to drop rejected draft tokens):

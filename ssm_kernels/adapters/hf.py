@@ -13,6 +13,7 @@ Positions are absolute token positions of the sequence (the state at p is the on
 """
 from __future__ import annotations
 
+import functools
 import re
 import types
 import weakref
@@ -247,12 +248,14 @@ def _continuing_the_cache(prepare):
     """transformers' prepare_inputs_for_generation, made to continue a cache of SSM layers only
     from the position its layers are at.
 
-    generate passes the whole sequence so far. With attention layers in the cache it feeds the
-    tokens past the attention cache's length (which restore_states keeps equal to the SSM
-    position); a cache of SSM layers only has no length it can read, so it feeds every token on
-    top of the state. Here the tokens the cache already holds are dropped, and a sequence that
-    is not longer than the cache's position is refused.
+    generate passes the whole sequence so far (from ``inputs_embeds``, the prompt's embeddings and
+    then the generated tokens' ids). With attention layers in the cache it feeds the tokens past
+    the attention cache's length (which restore_states keeps equal to the SSM position); a cache
+    of SSM layers only has no length it can read, so it feeds every token on top of the state.
+    Here the tokens the cache already holds are dropped, and a sequence that is not longer than
+    the cache's position is refused. The wrapper keeps prepare's signature, which generate reads.
     """
+    @functools.wraps(prepare)
     def prepare_inputs_for_generation(self, *args, **kwargs):
         inputs = prepare(self, *args, **kwargs)
         key = "input_ids" if inputs.get("input_ids") is not None else "inputs_embeds"
@@ -262,7 +265,10 @@ def _continuing_the_cache(prepare):
         if fed is None or full is None or cache is None or not all(getattr(cache, "is_linear", [False])):
             return inputs
         position = _adapter(self).cache_position(cache)
-        start = full.shape[1] - fed.shape[1]
+        # Generating from inputs_embeds, the ids are the tokens generated after the prompt's embeddings.
+        embeds = kwargs.get("inputs_embeds") if key == "input_ids" else None
+        before = 0 if embeds is None else embeds.shape[1]
+        start = before + full.shape[1] - fed.shape[1]
         if position is None or start == position:
             return inputs
         if start == 0 and full.shape[1] > position:
