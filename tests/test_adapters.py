@@ -280,6 +280,37 @@ def test_a_recording_cache_rolls_back(family, device):
         assert_rel_close(run(model, alt, cache, kept), want, TOL, f"logits after crop({-k})")
 
 
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
+def test_a_restored_recording_cache_rolls_back_to_the_restore_point_only(family, device):
+    """restore_states into a cache recording its past, which had held another sequence: a crop
+    after the restore goes back to states of the restored sequence (the logits of a cold pass),
+    and one that reaches below the restore point fails, rather than installing the other
+    sequence's state that the cache kept for its own crops."""
+    model, _ = build(family, device)
+    ids, alt = inputs(device)
+    use_ssm_kernels(model)
+    at, n = CAPTURE[1], 3
+    with capture_states(model, positions=[at]) as snaps:
+        run(model, ids, DynamicCache(config=model.config), 0)
+    for k in range(n + 1):
+        cache = DynamicCache(config=model.config)
+        cache.activate_past_recording(recurrent_states_to_keep=5)
+        run(model, alt.flip(0).repeat(1, 6), cache, 0)  # another sequence, 18 tokens
+        restore_states(model, cache, snaps.at(at))
+        run(model, ids[:, at:at + n], cache, at)
+        cache.crop(-k)
+        kept = at + n - k
+        want = run(model, torch.cat([ids[:, :kept], alt], 1), DynamicCache(config=model.config), 0)[:, kept:]
+        assert_rel_close(run(model, alt, cache, kept), want, TOL, f"logits after crop({-k})")
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording(recurrent_states_to_keep=5)
+    run(model, alt.flip(0).repeat(1, 6), cache, 0)
+    restore_states(model, cache, snaps.at(at))
+    run(model, ids[:, at:at + n], cache, at)
+    with pytest.raises(IndexError):
+        cache.crop(-(n + 1))
+
+
 @pytest.mark.parametrize("family", ["Mamba2", "Jamba"])
 def test_assisted_generate_matches_greedy(family, device):
     """generate with an assistant model (draft tokens verified in one pass, the rejected ones

@@ -7,7 +7,8 @@ linear-attention cache layer holding, for state index 0:
         columns are ever read; this library's conv state is exactly those columns.
     recurrent_states[0]: the SSM state, float32 on transformers' PyTorch path.
     has_previous_state[0]: whether the layer holds a state from an earlier pass.
-    record_past: whether conv states keep their history for a later crop.
+    record_past: whether conv states keep their history for a later crop, and
+        recurrent_states_history[0] the SSM states before the last ones, which a crop restores.
     cumulative_length_linear (from 5.25): the tokens the layer has seen, what its get_seq_length
         returns and generate feeds the prompt past; update_conv_state adds a pass's length, and
         cache.increase_count one token of a step that updated the states in place.
@@ -137,6 +138,8 @@ def set_states(cache, layer_idx: int, conv_full: torch.Tensor, ssm_state: torch.
         layer.has_previous_state[0] = False  # so that update_conv_state stores rather than appends
         cache.update_conv_state(conv_full, layer_idx, conv_kernel_size=conv_kernel)
     cache.update_recurrent_state(ssm_state, layer_idx=layer_idx)
+    if record_past(layer):  # the states kept for a crop were another sequence's, and before position
+        layer.recurrent_states_history[0] = []
     count = getattr(layer, "cumulative_length_linear", None)
     if count is not None:
         count.fill_(position)
