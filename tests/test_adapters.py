@@ -327,6 +327,38 @@ def test_assisted_generate_matches_greedy(family, device):
     assert torch.equal(assisted, plain)
 
 
+@pytest.mark.parametrize("family", ["Mamba2", "Mamba"])
+def test_captures_hold_the_sequence_as_it_stands(family, device):
+    """Captures in assisted generation (draft tokens verified in one pass, the rejected ones
+    cropped, the sequence computed again from there) hold the states of the tokens kept, one per
+    layer and row, as a cold pass over the output gives them; and a position that ends one pass
+    and starts the next (offsets 0 and its length) is held once, so that restore_states makes a
+    cache of the batch's size."""
+    model, _ = build(family, device)
+    torch.manual_seed(123)
+    assistant = type(model)(model.config).to(device).eval()
+    ids, _ = inputs(device, batch=1)
+    use_ssm_kernels(model)
+    layers = ssm_layer_ids(model)
+    at = PROMPT + 3
+    with capture_states(model, positions=[at]) as snaps:
+        out = model.generate(ids, assistant_model=assistant, num_assistant_tokens=4, max_new_tokens=8,
+                             num_assistant_tokens_schedule="constant", do_sample=False, pad_token_id=0)
+    cold = DynamicCache(config=model.config)
+    run(model, out[:, :at], cold, 0)
+    assert [s.layer for s in snaps.at(at)] == layers
+    for s in snaps.at(at):
+        assert_rel_close(s.ssm, hf_cache.linear_layer(cold, s.layer).recurrent_states[0][0], TOL, f"layer {s.layer}")
+
+    ids, _ = inputs(device)
+    with capture_states(model, offsets=[0, SPLIT]) as snaps:
+        session(model, ids, [SPLIT, SPLIT], ids[:, :0])
+    assert snaps.positions == [0, SPLIT, 2 * SPLIT]
+    assert len(snaps.at(SPLIT)) == len(layers) * ids.shape[0]
+    cache = restore_states(model, DynamicCache(config=model.config), snaps.at(SPLIT))
+    assert hf_cache.linear_layer(cache, layers[0]).recurrent_states[0].shape[0] == ids.shape[0]
+
+
 @pytest.mark.parametrize("family", ["Mamba2", "Mamba", "Bamba"])
 def test_generate_continues_a_restored_cache(family, device):
     """generate(whole prompt, cache=restored at p) computes only the prompt's tokens past p and

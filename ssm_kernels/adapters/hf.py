@@ -18,7 +18,7 @@ import re
 import types
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -75,6 +75,8 @@ class _Request:
     offsets: list[int] | None
     positions: list[int] | None
     out: Captured
+    # id(snapshot) -> the cache its pass ran on (None: a pass without one), for the passes that overtake it
+    caches: dict = field(default_factory=dict)
 
 
 class _Adapter:
@@ -158,11 +160,25 @@ class _Adapter:
                              "or restore_states into it)")
         return offsets
 
-    def add_snapshots(self, layer_idx, positions, conv_caps, ssm_caps):
+    def add_snapshots(self, cache, layer_idx, start, positions, conv_caps, ssm_caps):
+        """Record a pass's snapshots of one layer (a pass from ``start`` on ``cache``). The block's
+        earlier snapshots of that layer and cache past ``start``, or at a position the pass captures
+        again, are dropped: the sequence went back (a crop of rejected draft tokens, a pass
+        repeated without a cache) and they are not its states, or the pass has them anew."""
+        request = self.request
+        if request is None or start is None:
+            return
+        overtaken = lambda s: (s.layer == layer_idx and request.caches.get(id(s), request) is cache
+                               and (s.position > start or s.position in positions))
+        kept = [s for s in request.out if not overtaken(s)]
+        if len(kept) < len(request.out):
+            request.caches = {id(s): request.caches[id(s)] for s in kept if id(s) in request.caches}
+            request.out[:] = kept
         for i, position in enumerate(positions):
             for row in range(conv_caps.shape[1]):
-                self.request.out.append(LayerSnapshot(position, conv_caps[i, row].clone(), ssm_caps[i, row].clone(),
-                                                      layer_idx))
+                snap = LayerSnapshot(position, conv_caps[i, row].clone(), ssm_caps[i, row].clone(), layer_idx)
+                request.out.append(snap)
+                request.caches[id(snap)] = cache
 
 
 def supported_families() -> dict[str, bool]:
@@ -328,8 +344,11 @@ def capture_states(model, offsets=None, positions=None):
             consecutive passes is captured once.
 
     Yields a :class:`Captured` list that fills with one LayerSnapshot per SSM layer, batch row
-    and captured position. Captures need an unpadded batch and a cache that this adapter has run
-    since it was fresh (or restored), so that positions are known.
+    and captured position. A pass drops the block's snapshots of its cache (or, without a cache,
+    of the block's other passes without one) past its start, and those at a position it captures
+    again: after a crop (assisted decoding's rejected draft tokens) or a repeated pass, each
+    position holds the states of the sequence as it stands. Captures need an unpadded batch and a
+    cache that this adapter has run since it was fresh (or restored), so that positions are known.
     """
     adapter = _adapter(model)
     if (offsets is None) == (positions is None):

@@ -215,8 +215,9 @@ class PassContext:
 
     def end(self, cache, start, seqlen, offsets, conv_caps, ssm_caps):
         """Record the snapshots (conv_caps/ssm_caps: (len(offsets), batch, ...)) and the new position."""
-        if offsets:
-            self.adapter.add_snapshots(self.geometry.layer_idx, [start + k for k in offsets], conv_caps, ssm_caps)
+        if self.adapter.request is not None:
+            self.adapter.add_snapshots(cache, self.geometry.layer_idx, start, [start + k for k in offsets], conv_caps,
+                                       ssm_caps)
         if cache is not None:
             self.adapter.set_position(cache, self.geometry.layer_idx, None if start is None else start + seqlen)
 
