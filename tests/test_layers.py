@@ -437,6 +437,27 @@ def test_snapshot_parts_and_indices_are_type_checked():
     snap = state.snapshot(1)
     with pytest.raises(TypeError, match=r"snapshots\[0\].conv must be a torch.Tensor, got list"):
         layer.restore(type(snap)(snap.position, snap.conv.tolist(), snap.ssm))
+    with pytest.raises(TypeError, match=r"snapshots\[1\] has a conv state of dtype torch.bfloat16; .* runs in "
+                                        "torch.float32"):
+        layer.restore([snap, type(snap)(snap.position, snap.conv.bfloat16(), snap.ssm)])
+
+
+@pytest.mark.parametrize("layer", list(MIXERS))
+def test_grad_mode_is_refused_before_anything_is_written(layer):
+    """The kernels have no backward: a pass or a step in grad mode, with the layer's parameters
+    requiring grad (any fresh module's), is refused; under no_grad both run."""
+    mixer = MIXERS[layer]()
+    state = mixer.initial_state(2)
+    before = state.clone()
+    message = "is forward only .* call it under torch.no_grad"
+    with pytest.raises(ValueError, match=message):
+        mixer(torch.randn(2, 3, HIDDEN), state=state)
+    with pytest.raises(ValueError, match=message):
+        mixer.step(torch.randn(2, HIDDEN), state)
+    assert torch.equal(state.conv, before.conv) and torch.equal(state.ssm, before.ssm) and state.positions == (0, 0)
+    with torch.no_grad():
+        mixer.step(torch.randn(2, HIDDEN), state)
+    assert state.positions == (1, 1)
 
 
 def test_layer_checks_at_their_edges():

@@ -200,8 +200,9 @@ class SSMMixer(nn.Module):
                           (0,) * nseq)
 
     def restore(self, snapshots: Snapshot | Sequence[Snapshot]) -> LayerState:
-        """A layer state from one snapshot per sequence (copies); rejects snapshots of another
-        layer shape with a ValueError."""
+        """A layer state from one snapshot per sequence (copies, on the layer's device); rejects
+        snapshots of another layer shape with a ValueError, a conv state not in the layer's dtype
+        or an SSM state not float32 with a TypeError."""
         if isinstance(snapshots, Snapshot):
             snapshots = [snapshots]
         snapshots = list(snapshots)
@@ -218,10 +219,14 @@ class SSMMixer(nn.Module):
                                      "of another shape")
             if snap.ssm.dtype != torch.float32:
                 raise TypeError(f"snapshots[{i}] has an SSM state of dtype {snap.ssm.dtype}; it must be float32")
+            if snap.conv.dtype != self.in_proj.weight.dtype:
+                raise TypeError(f"snapshots[{i}] has a conv state of dtype {snap.conv.dtype}; {self._describe()} "
+                                f"runs in {self.in_proj.weight.dtype}")
         if not snapshots:
             raise ValueError("restore needs at least one snapshot")
-        return LayerState(torch.stack([s.conv for s in snapshots]), torch.stack([s.ssm for s in snapshots]),
-                          tuple(s.position for s in snapshots))
+        device = self.in_proj.weight.device
+        return LayerState(torch.stack([s.conv.to(device) for s in snapshots]),
+                          torch.stack([s.ssm.to(device) for s in snapshots]), tuple(s.position for s in snapshots))
 
     def _check_state(self, state, nseq: int, dtype: torch.dtype, device: torch.device) -> LayerState:
         if dtype != self.in_proj.weight.dtype:  # the projections multiply hidden states by the weights
@@ -267,6 +272,7 @@ class SSMMixer(nn.Module):
         seqs = make_sequences(hidden_states.shape[0], hidden_states.shape[1], cu_seqlens, device)
         state = self._check_state(state, seqs.count, hidden_states.dtype, device)
         table = make_capture_table(capture, seqs, device)
+        self._check_no_grad(hidden_states)
         pairs = [None] * table.count
         for s, k, row in table.entries:
             pairs[row] = (s, k)
@@ -280,7 +286,8 @@ class SSMMixer(nn.Module):
         """One decode token per sequence: hidden_states (nseq, hidden_size) -> (nseq, hidden_size).
 
         Updates ``state`` in place (its tensors and positions); bit-identical to a one-token
-        forward pass.
+        forward pass on the recurrent scan (a layer with algorithm="chunked" steps by the recurrence
+        too, which agrees with its one-token chunked pass to rounding).
         """
         check_tensor("hidden_states", hidden_states, [("nseq", None), ("hidden_size", self.hidden_size)],
                      FLOAT_DTYPES)
@@ -288,9 +295,18 @@ class SSMMixer(nn.Module):
             raise TypeError("step needs a LayerState (use initial_state() for zeros)")
         self._check_state(state, hidden_states.shape[0], hidden_states.dtype, hidden_states.device)
         check_written({"state.conv": state.conv, "state.ssm": state.ssm}, dict(hidden_states=hidden_states))
+        self._check_no_grad(hidden_states)
         out = self._step(hidden_states, state)
         state.positions = tuple(p + 1 for p in state.positions)
         return out
+
+    def _check_no_grad(self, hidden_states):
+        """The kernels have no backward: in grad mode, with the layer's parameters or the input
+        requiring grad, a pass would return an output whose gradient misses the scan's part."""
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or any(p.requires_grad for p in self.parameters())):
+            raise ValueError(f"{type(self).__name__} is forward only (its kernels have no backward) and grad mode is "
+                             "on with parameters or hidden_states requiring grad: call it under torch.no_grad() or "
+                             "torch.inference_mode()")
 
     def _mix(self, hidden_states, state, cu_seqlens, capture):
         """Return (out, ConvResult, ScanResult) of a validated pass (cu_seqlens: its bounds on the
