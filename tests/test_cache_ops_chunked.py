@@ -393,6 +393,43 @@ def test_host_data_is_checked():
             cache_ops.prefill_batch(*args, **{**kwargs, **change})
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+def test_a_host_step_leaves_a_skipped_row_alone_and_is_checked_against_the_tensors(backend, algorithm):
+    """Built from host data, a step whose skipped row (slot -1) holds a declined capture inside
+    its tokens leaves that row's out untouched (the Triton recurrent kernel had walked its tokens
+    up to the capture's offset and written y there); and the ops check its token count, and on
+    CPU its slots, against their tensors (a slot past the cache had been written past it)."""
+    args, kwargs = _host_batch_args()
+    skipped = SLOTS.index(-1)
+    kwargs = {**kwargs, "capture_seq": kwargs["capture_seq"] + [skipped],
+              "capture_offset": kwargs["capture_offset"] + [2],
+              "capture_slot": torch.cat([kwargs["capture_slot"], torch.tensor([-1])])}
+    device = torch.get_default_device()
+    rows = torch.arange(sum(LENGTHS[:skipped]), sum(LENGTHS))
+    kw, cache = _mamba2_case(torch.float32)
+    kw = {k: v.to(device) for k, v in kw.items()}
+    out = torch.full_like(kw["x"][0], float("nan"))
+    _mamba2_prefill(cache_ops.prefill_batch(*args, **kwargs), kw, cache.to(device), out, backend=backend,
+                    algorithm=algorithm, chunk_size=CHUNK)
+    assert torch.isnan(out[rows]).all(), "mamba2_prefill wrote the skipped row's out"
+    kw1 = {k: v.to(device) for k, v in mamba1_inputs(1, sum(LENGTHS)).items()}
+    out1 = torch.full_like(kw1["u"][0], float("nan"))
+    _mamba1_prefill(cache_ops.prefill_batch(*args, **kwargs), kw1, torch.zeros(NSLOTS, *kw1["initial_states"].shape[1:],
+                                                                                device=device), out1,
+                    backend=backend, algorithm=algorithm, chunk_size=CHUNK)
+    assert torch.isnan(out1[:, rows]).all(), "mamba1_prefill wrote the skipped row's out"
+
+    small = cache[:max(SLOTS)].to(device)  # one slot short of the batch's largest
+    with pytest.raises(ValueError, match=rf"state_indices\[\d\] = {max(SLOTS)} is out of range for ssm_state"):
+        _mamba2_prefill(cache_ops.prefill_batch(*args, **kwargs), kw, small, out, backend=backend,
+                        algorithm=algorithm, chunk_size=CHUNK)
+    short = {k: v[:, :-4] if k in ("x", "dt", "B", "C", "z") else v for k, v in kw.items()}
+    with pytest.raises(ValueError, match=rf"the inputs hold {sum(LENGTHS) - 4} tokens but the batch's cu_seqlens"):
+        _mamba2_prefill(cache_ops.prefill_batch(*args, **kwargs), short, cache.to(device), out[:-4], backend=backend,
+                        algorithm=algorithm, chunk_size=CHUNK)
+
+
 class _FilledAllocations(TorchDispatchMode):
     """Every floating-point tensor allocated uninitialised (workspaces, scratch, outputs) is filled
     with `value`: on a GPU such memory holds whatever was there before, NaN or inf included."""

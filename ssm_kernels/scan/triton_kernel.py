@@ -375,8 +375,8 @@ def _scan_kernel(
     done = length - length  # tokens consumed so far
     for c in range(0, n_cap + 1):
         end = length
-        if HAS_CAPTURE:
-            end = tl.load(cap_offset_ptr + c_lo + c, mask=c < n_cap, other=length).to(length.dtype)
+        if HAS_CAPTURE:  # a skipped row's length is 0: its declined captures walk none of its tokens
+            end = tl.minimum(tl.load(cap_offset_ptr + c_lo + c, mask=c < n_cap, other=length).to(length.dtype), length)
         state = _advance(state, done, end, p_x, p_z, p_dt, p_B, p_C, p_y, s_x_t, s_z_t, s_dt_t, s_B_t, s_C_t, s_y_t,
                          b_A, b_D, b_dt_bias, dt_min, dt_max, None if EVEN_P else m_x, None if EVEN_N else m_bc,
                          m_y, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, A_PER_STATE, DT_TABLE, PAIRS, IS_BF16, ROW_PAIRS,
