@@ -311,7 +311,8 @@ def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, captu
                 skip_slot, start_positions, chunk_size) -> PrefillBatch:
     """prefill_batch from host lengths and captures: nothing read back, at most one host-to-device
     copy (the capture table, its slots gathered into (sequence, offset) order on the device, and
-    the chunk tables for chunk_size). The ops check the token count, and on CPU the slots."""
+    the chunk tables for chunk_size). The ops check its token count against their inputs; its
+    slots, on the device, are the caller's word (validate=False)."""
     device = cu.device
     seqs = Sequences(cu, lengths_from_bounds(bounds), varlen=True)
     positions = check_start_positions(start_positions, seqs)
@@ -327,15 +328,8 @@ def _host_batch(cu, bounds, state_indices, has_initial_state, capture_seq, captu
     if ncap:
         ptr, offsets, order_t = tensors[:3]
         captures = CaptureTable(ptr, offsets, capture_slot.long()[order_t], entries)
-    extremes = ()
-    if device.type == "cpu":  # reading CPU tensors waits on nothing: their slots checked as a validated batch's
-        slots = state_indices.tolist()
-        extremes = slot_extremes("state_indices", slots, [slot != skip_slot for slot in slots])
-        if ncap:
-            cap_slots = capture_slot.tolist()
-            extremes += slot_extremes("capture_slot", cap_slots, [slot != skip_slot for slot in cap_slots])
     batch = PrefillBatch(seqs, state_indices, has_initial_state, captures, skip_slot,
-                         HostStep(positions, None, None, None), extremes, bounds[-1])
+                         HostStep(positions, None, None, None), ntokens=bounds[-1])
     if plan:
         batch.prepared[CHUNK_TABLES, chunk_size] = plan.on_device(*tensors[len(capture_tables):])
     return batch
