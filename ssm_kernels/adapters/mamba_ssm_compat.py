@@ -34,8 +34,8 @@ Where this module deliberately differs from mamba_ssm 2.3.2:
 - varlen states without seq_idx: the scan runs across the cu_seqlens boundaries and each varlen
   state is the scan's state at its sequence's end (mamba_ssm keeps the earlier sequences'
   contributions for a sequence that spans a chunk boundary and drops them otherwise).
-- ``selective_state_update`` with ``dt_bias=None`` and A, dt broadcast per head: mamba_ssm raises
-  (it reads ``dt_bias.stride``); here it is the Mamba-2 step without a bias.
+- ``selective_state_update`` with ``D=None`` or ``dt_bias=None``: mamba_ssm's Triton kernel raises
+  a TypeError (it unpacks their strides); here the step runs without them.
 - ``state_batch_indices`` must be distinct slots in range (mamba_ssm skips negative ones).
 """
 from __future__ import annotations
