@@ -46,7 +46,8 @@ except ImportError:  # earlier: a replay launches through the kernel, binding it
 
 RECORDINGS = 3  # per layout and step, at most
 _aten = torch.ops.aten
-_ALLOCATIONS = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.new_empty, _aten.new_empty_strided}
+# The allocating ops a watched call may make (whose tensors a replay allocates again).
+ALLOCATIONS = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.new_empty, _aten.new_empty_strided}
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.launching:  # an interpreted launch's own copies are not the call's
-            if func.overloadpacket in _ALLOCATIONS:
+            if func.overloadpacket in ALLOCATIONS:
                 storage = out.untyped_storage()
                 self.allocated[storage.data_ptr()] = storage.nbytes()
             elif not func.is_view:

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import TOLERANCE, assert_rel_close, mamba1_inputs, mamba2_inputs
-from ssm_kernels import cache_ops, mamba1_scan, mamba2_scan
+from ssm_kernels import _replay, cache_ops, mamba1_scan, mamba2_scan
 from ssm_kernels.scan.mamba2_chunked import triton_kernel as mamba2_triton
 from ssm_kernels.scan.reference import mamba1_scan_ref, mamba2_scan_ref
 from test_cache_ops import tensors_on_the_backends_device  # noqa: F401 (autouse: the Triton tests' device)
@@ -430,17 +430,13 @@ class _FilledAllocations(TorchDispatchMode):
     """Every floating-point tensor allocated uninitialised (workspaces, scratch, outputs) is filled
     with `value`: on a GPU such memory holds whatever was there before, NaN or inf included."""
 
-    ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
-                   torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
-                   torch.ops.aten.new_empty_strided.default}
-
     def __init__(self, value: float):
         super().__init__()
         self.value = value
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func in self.ALLOCATIONS and out.is_floating_point():
+        if func.overloadpacket in _replay.ALLOCATIONS and out.is_floating_point():
             out.fill_(self.value)
         return out
 
